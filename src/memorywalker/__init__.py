@@ -1,0 +1,3 @@
+"""memorywalker: train LLM agents on the contexts they actually saw."""
+
+__version__ = "0.1.0"

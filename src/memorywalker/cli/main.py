@@ -1,0 +1,28 @@
+"""The ``memorywalker`` command line. Each subcommand lives in its own module and imports heavy
+libraries (torch, transformers) only when it runs."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="memorywalker",
+    help="Train LLM agents on the contexts they actually saw.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# --- subcommands (one module each; keep this list sorted) -------------------------------------------
+from memorywalker.cli import records_cmd  # noqa: E402
+
+records_cmd.register(app)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

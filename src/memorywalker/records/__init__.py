@@ -1,0 +1,48 @@
+"""Trajectory records: schema v1, validation with reason codes, streaming JSONL I/O."""
+
+from memorywalker.records.builder import TrajectoryBuilder
+from memorywalker.records.io import (
+    ReadSummary,
+    TrajectoryReader,
+    TrajectoryWriter,
+    parse_line,
+    read_trajectories,
+    write_trajectories,
+)
+from memorywalker.records.schema import (
+    SCHEMA_VERSION,
+    Call,
+    Eviction,
+    Lineage,
+    Message,
+    Task,
+    ToolCall,
+    ToolSchema,
+    Trajectory,
+    json_schema,
+)
+from memorywalker.records.validate import REASONS, RecordError, Reject, check_trajectory
+
+__all__ = [
+    "REASONS",
+    "SCHEMA_VERSION",
+    "Call",
+    "Eviction",
+    "Lineage",
+    "Message",
+    "ReadSummary",
+    "RecordError",
+    "Reject",
+    "Task",
+    "ToolCall",
+    "ToolSchema",
+    "Trajectory",
+    "TrajectoryBuilder",
+    "TrajectoryReader",
+    "TrajectoryWriter",
+    "check_trajectory",
+    "json_schema",
+    "parse_line",
+    "read_trajectories",
+    "write_trajectories",
+]

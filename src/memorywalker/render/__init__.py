@@ -1,0 +1,25 @@
+"""Verified rendering of calls into token sequences ``S_t`` with role labels and targets."""
+
+from memorywalker.render.render import (
+    ROLE_ID,
+    ROLES,
+    RenderedCall,
+    RenderedTrajectory,
+    Renderer,
+    RenderError,
+    RenderOptions,
+    message_to_hf,
+    tools_to_hf,
+)
+
+__all__ = [
+    "ROLES",
+    "ROLE_ID",
+    "RenderError",
+    "RenderOptions",
+    "RenderedCall",
+    "RenderedTrajectory",
+    "Renderer",
+    "message_to_hf",
+    "tools_to_hf",
+]

@@ -1,0 +1,313 @@
+"""Verified rendering: tokenizer + chat template -> per call ``S_t`` with a role label per token.
+
+For one call, ``S_t = tokens(prompt) ⊕ tokens(response)`` where ``prompt`` is the context rendered
+with the generation prompt, exactly as an inference server tokenizes it, and the response is what the
+template appends for the response message. Rendering is checked, not trusted:
+
+* the rendered prompt must be a prefix of the rendering of context + response (the response is a
+  suffix of ``S_t``); otherwise the call is unselected with reason ``response_not_suffix``;
+* per-message character spans come from rendering growing prefixes of the context; each must extend
+  the previous one, else spans fall back to locating each message's content (``span_method``);
+* recorded token ids win over re-tokenization, and must decode to the rendered text
+  (``recorded_tokens_mismatch`` otherwise).
+
+Targets: the tokens of a selected response up to and including its authentic end-of-turn token;
+the host delimiter after it (e.g. the newline after ``<|im_end|>``) is not part of ``S_t``. A
+response cut off by the length limit is excluded (default) or supervised prefix-only, without a
+terminator. Context tokens are never targets.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from memorywalker.records.schema import Call, Message, Trajectory
+
+# Role/span labels of tokens. ``artifact`` = text a harness inserted (summaries, placeholders);
+# ``template`` = scaffolding outside every message (the generation prompt); ``context`` = recorded
+# context tokens whose per-message spans could not be verified.
+ROLES = ("system", "user", "assistant", "tool", "artifact", "template", "context")
+ROLE_ID = {r: i for i, r in enumerate(ROLES)}
+
+# End-of-turn tokens of common chat templates, used in addition to the tokenizer's eos token.
+KNOWN_EOT = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|return|>")
+
+
+@dataclass
+class RenderOptions:
+    # "exclude": a response cut off by the length limit is not a target (its call is unselected).
+    # "prefix": its tokens are targets, without a terminator the model never produced.
+    truncated: Literal["exclude", "prefix"] = "exclude"
+    # What to do when recorded token ids do not decode to the rendered text.
+    recorded_mismatch: Literal["unselect", "keep"] = "unselect"
+    # Extra end-of-turn token strings (the tokenizer's eos and KNOWN_EOT present in the vocab are used).
+    eot_tokens: tuple[str, ...] = ()
+
+
+@dataclass
+class RenderedCall:
+    """``S_t`` of one call with a label per token and the target positions inside it."""
+
+    index: int  # position of the call in its trajectory
+    call_id: str
+    tokens: list[int]
+    roles: list[int]  # ROLE_ID per token
+    prompt_len: int  # tokens[prompt_len:] is the response
+    targets: list[int]  # positions (into tokens) of supervised tokens
+    target_logprobs: list[float | None]  # rollout logprob of each target, when recorded
+    selected: bool
+    reason: str | None = None  # why the call has no targets
+    span_method: str = "incremental"  # "incremental" | "search" | "recorded"
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def response_start(self) -> int:
+        return self.prompt_len
+
+
+@dataclass
+class RenderedTrajectory:
+    trajectory: Trajectory
+    calls: list[RenderedCall]
+
+    @property
+    def id(self) -> str:
+        return self.trajectory.id
+
+    @property
+    def zero_target_calls(self) -> list[tuple[str, str]]:
+        return [(c.call_id, c.reason or "no_targets") for c in self.calls if not c.targets]
+
+
+class RenderError(ValueError):
+    pass
+
+
+def message_to_hf(m: Message) -> dict[str, Any]:
+    """One schema-v1 message as the dict Hugging Face chat templates expect.
+
+    >>> message_to_hf(Message(id="m1", role="user", content="hi"))
+    {'role': 'user', 'content': 'hi'}
+    """
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning:
+        d["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        d["tool_calls"] = [
+            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+            for tc in m.tool_calls
+        ]
+    if m.role == "tool":
+        d["tool_call_id"] = m.tool_call_id
+        if m.name:
+            d["name"] = m.name
+    return d
+
+
+def tools_to_hf(traj: Trajectory, names: list[str] | None) -> list[dict[str, Any]] | None:
+    table = traj.tools if names is None else [t for t in traj.tools if t.name in set(names)]
+    if not table:
+        return None
+    return [{"type": "function", "function": t.model_dump(mode="json")} for t in table]
+
+
+class Renderer:
+    """Renders calls of trajectories with one tokenizer; memoizes prompt renderings per trajectory."""
+
+    def __init__(self, tokenizer, options: RenderOptions | None = None):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise RenderError("the tokenizer has no chat template")
+        self.tok = tokenizer
+        self.options = options or RenderOptions()
+        eot = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        vocab = tokenizer.get_vocab()
+        for s in (*KNOWN_EOT, *self.options.eot_tokens):
+            if s in vocab and s in tokenizer.all_special_tokens + list(self.options.eot_tokens):
+                eot.add(vocab[s])
+        self.eot_ids = frozenset(eot)
+
+    # --- text level -------------------------------------------------------------------------------
+
+    def _apply(self, messages: list[dict], tools, *, generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def message_spans(
+        self, messages: list[Message], tools, prompt_text: str, memo: dict | None = None
+    ) -> tuple[list[tuple[int, int]], str]:
+        """Character span of each message inside ``prompt_text`` and how it was found.
+
+        Incremental rendering: message i spans ``[len(render(m[:i])), len(render(m[:i+1])))``. It is
+        verified that every rendering extends the previous one and the last is a prefix of the prompt.
+        """
+        memo = {} if memo is None else memo
+        hf = [message_to_hf(m) for m in messages]
+        ends, prev = [], ""
+        try:
+            for i in range(1, len(messages) + 1):
+                key = tuple(m.id for m in messages[:i])
+                text = memo.get(key)
+                if text is None:
+                    text = memo[key] = self._apply(hf[:i], tools, generation_prompt=False)
+                if not text.startswith(prev):
+                    raise RenderError(f"rendering message {i - 1} rewrites earlier text")
+                ends.append(len(text))
+                prev = text
+            if not prompt_text.startswith(prev):
+                raise RenderError("the context rendering is not a prefix of the prompt")
+        except Exception:  # templates may raise on partial conversations; fall back to search
+            return self._search_spans(messages, prompt_text), "search"
+        starts = [0, *ends[:-1]]
+        return list(zip(starts, ends, strict=True)), "incremental"
+
+    @staticmethod
+    def _search_spans(messages: list[Message], prompt_text: str) -> list[tuple[int, int]]:
+        """Fallback: each message spans from the end of the previous one to the end of its content."""
+        spans, pos = [], 0
+        for m in messages:
+            probe = m.content or (m.tool_calls[0].name if m.tool_calls else "")
+            hit = prompt_text.find(probe, pos) if probe else -1
+            end = hit + len(probe) if hit >= 0 else pos
+            spans.append((pos, end))
+            pos = end
+        return spans
+
+    # --- one call ---------------------------------------------------------------------------------
+
+    def render_call(self, traj: Trajectory, index: int, memo: dict | None = None) -> RenderedCall:
+        call: Call = traj.calls[index]
+        table = traj.message_table()
+        context = [table[mid] for mid in call.context]
+        response = table[call.response]
+        tools = tools_to_hf(traj, call.tools)
+        hf_context = [message_to_hf(m) for m in context]
+        prompt_text = self._apply(hf_context, tools, generation_prompt=True)
+        full_text = self._apply([*hf_context, message_to_hf(response)], tools, generation_prompt=False)
+        warnings: list[str] = []
+
+        spans, span_method = self.message_spans(context, tools, prompt_text, memo)
+        if span_method == "search":
+            warnings.append("incremental rendering failed; spans located by content search")
+
+        prompt_ids, offsets = self._encode(prompt_text)
+        roles = _span_roles(offsets, spans, context)
+
+        reason: str | None = None
+        if not full_text.startswith(prompt_text):
+            reason = "response_not_suffix"
+            resp_ids: list[int] = []
+        else:
+            resp_ids, _ = self._encode(full_text[len(prompt_text):])
+            resp_ids = self._cut_delimiter(resp_ids)
+
+        if call.context_tokens is not None:
+            # Recorded ids are what the engine saw and sampled; they win over re-tokenization.
+            mismatch = self._recorded_mismatch(call, prompt_ids, resp_ids)
+            if mismatch:
+                warnings.append(f"recorded_tokens_mismatch: {mismatch}")
+                roles = [ROLE_ID["context"]] * len(call.context_tokens)
+                if self.options.recorded_mismatch == "unselect" and reason is None:
+                    reason = "recorded_tokens_mismatch"
+            prompt_ids, resp_ids = list(call.context_tokens), list(call.response_tokens)
+            span_method = "recorded" if mismatch else span_method
+
+        tokens = prompt_ids + resp_ids
+        roles = roles + [ROLE_ID["assistant"]] * len(resp_ids)
+        targets, logprobs, target_reason = self._targets(call, len(prompt_ids), resp_ids)
+        if reason is None:
+            reason = target_reason
+        if reason is not None:
+            targets, logprobs = [], []
+        return RenderedCall(
+            index=index,
+            call_id=call.id,
+            tokens=tokens,
+            roles=roles,
+            prompt_len=len(prompt_ids),
+            targets=targets,
+            target_logprobs=logprobs,
+            selected=call.selected and reason is None,
+            reason=reason,
+            span_method=span_method,
+            warnings=warnings,
+        )
+
+    def _cut_delimiter(self, resp_ids: list[int]) -> list[int]:
+        """Drop what the template appends after the end-of-turn token (a host delimiter)."""
+        for i, t in enumerate(resp_ids):
+            if t in self.eot_ids:
+                return resp_ids[: i + 1]
+        return resp_ids
+
+    def _recorded_mismatch(self, call: Call, prompt_ids: list[int], resp_ids: list[int]) -> str | None:
+        decode = self.tok.decode
+        if decode(call.context_tokens) != decode(prompt_ids):
+            return "context_tokens do not decode to the rendered prompt"
+        recorded = list(call.response_tokens)
+        if call.finish_reason == "length":
+            # A cut-off response is a prefix of what the template renders for it.
+            if not decode(resp_ids).startswith(decode(recorded)):
+                return "response_tokens are not a prefix of the rendered response"
+        elif decode(recorded) != decode(resp_ids):
+            return "response_tokens do not decode to the rendered response"
+        return None
+
+    def _targets(self, call: Call, prompt_len: int, resp_ids: list[int]):
+        if not call.selected:
+            return [], [], f"not_selected: {call.reason or 'unspecified'}"
+        n = len(resp_ids)
+        if call.finish_reason == "length":
+            if self.options.truncated == "exclude":
+                return [], [], "truncated"
+            if call.response_tokens is None:
+                # Re-rendered text carries a terminator the model never produced: drop it.
+                while n and resp_ids[n - 1] in self.eot_ids:
+                    n -= 1
+        if n == 0:
+            return [], [], "empty_response"
+        lps = call.rollout_logprobs
+        logprobs = [lps[i] if lps is not None and i < len(lps) else None for i in range(n)]
+        return [prompt_len + i for i in range(n)], logprobs, None
+
+    # --- whole trajectories -----------------------------------------------------------------------
+
+    def render(self, traj: Trajectory) -> RenderedTrajectory:
+        memo: dict = {}
+        return RenderedTrajectory(traj, [self.render_call(traj, i, memo) for i in range(len(traj.calls))])
+
+    def render_messages(self, messages: list[Message], tools) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+        """Tokens, role ids and per-message token spans of a plain conversation (no generation prompt).
+
+        Used for the full view (SDCC): the uncompressed transcript rendered as one sequence.
+        """
+        text = self._apply([message_to_hf(m) for m in messages], tools, generation_prompt=False)
+        spans, _ = self.message_spans(messages, tools, text)
+        ids, offsets = self._encode(text)
+        roles = _span_roles(offsets, spans, messages)
+        token_spans = []
+        for start, end in spans:
+            a = next((i for i, o in enumerate(offsets) if o[0] >= start), len(ids))
+            b = next((i for i, o in enumerate(offsets) if o[0] >= end), len(ids))
+            token_spans.append((a, b))
+        return ids, roles, token_spans
+
+
+def _span_roles(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], messages: list[Message]) -> list[int]:
+    """Role id of each token: the role of the message span its first character falls in."""
+    starts = [a for a, _ in spans]
+    roles = []
+    for char, _ in offsets:
+        i = bisect.bisect_right(starts, char) - 1
+        if i >= 0 and char < spans[i][1]:
+            m = messages[i]
+            roles.append(ROLE_ID["artifact"] if m.is_artifact else ROLE_ID[m.role])
+        else:
+            roles.append(ROLE_ID["template"])
+    return roles

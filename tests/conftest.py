@@ -1,0 +1,56 @@
+"""Shared fixtures: the offline model kit (tiny tokenizer + tiny models), built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+HARNESS_LOGS = Path(os.environ.get("MEMORYWALKER_FIXTURES", FIXTURES)) / "harness-logs"
+
+
+@pytest.fixture(scope="session")
+def kit_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kit")
+
+
+@pytest.fixture(scope="session")
+def kit(kit_cache):
+    """(tokenizer_dir, llama_model_dir) of the default chatml kit."""
+    from memorywalker.modelkit import default_kit
+
+    return default_kit(kit_cache)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(kit):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(kit[0])
+
+
+@pytest.fixture(scope="session")
+def qwen2_kit(kit_cache):
+    """(tokenizer_dir, qwen2_model_dir): the second tiny architecture."""
+    from memorywalker.modelkit import default_kit
+
+    return default_kit(kit_cache, arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(kit_cache):
+    """A kit tokenizer whose template drops reasoning before the last user turn, like Qwen3's."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.modelkit import build_tokenizer
+
+    return AutoTokenizer.from_pretrained(build_tokenizer(kit_cache / "qwen3-tok", template="qwen3"))
+
+
+@pytest.fixture(scope="session")
+def harness_logs() -> Path:
+    if not HARNESS_LOGS.exists():
+        pytest.skip(f"shared fixtures not found at {HARNESS_LOGS}")
+    return HARNESS_LOGS

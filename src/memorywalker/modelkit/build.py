@@ -87,6 +87,7 @@ def build_model(
     """Save a randomly initialised causal LM of ``arch`` (one of :data:`ARCHS`) sized to the tokenizer."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(
@@ -113,6 +114,7 @@ def build_model(
         model = cls(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out

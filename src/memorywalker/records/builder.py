@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from memorywalker.records.schema import Call, Eviction, Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
+from memorywalker.records.schema import (
+    Call,
+    Eviction,
+    Lineage,
+    Message,
+    Task,
+    ToolCall,
+    ToolSchema,
+    Trajectory,
+)
 from memorywalker.records.validate import check_trajectory
 
 

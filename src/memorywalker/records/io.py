@@ -24,7 +24,13 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from memorywalker.records.schema import SCHEMA_VERSION, Trajectory
-from memorywalker.records.validate import REASONS, RecordError, Reject, check_trajectory, from_validation_error
+from memorywalker.records.validate import (
+    REASONS,
+    RecordError,
+    Reject,
+    check_trajectory,
+    from_validation_error,
+)
 
 
 @dataclass

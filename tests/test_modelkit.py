@@ -1,0 +1,45 @@
+"""The offline model kit: a real HF tokenizer with a chat template and tiny random causal LMs."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from memorywalker.modelkit import build_model
+
+
+def test_tokenizer_round_trips_any_text(tokenizer):
+    """Byte-level BPE: decode(encode(x)) == x, including text far from the training corpus."""
+    for text in ["plain words", "ünïcödé ✓ 漢字 🙂", "  leading spaces\n\ttabs", '{"json": [1, 2.5e-3]}', ""]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+
+
+def test_chat_template_marks_turns_and_end_of_turn(tokenizer):
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], tokenize=False
+    )
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.convert_ids_to_tokens(tokenizer("<|im_end|>", add_special_tokens=False)["input_ids"]) == [
+        "<|im_end|>"
+    ]
+
+
+def test_both_architectures_load_and_run(kit, qwen2_kit):
+    for tok_dir, model_dir, model_type in [(*kit, "llama"), (*qwen2_kit, "qwen2")]:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        assert model.config.model_type == model_type and model.config.vocab_size == len(tok)
+        ids = torch.tensor([tok("hello world", add_special_tokens=False)["input_ids"]])
+        logits = model(ids).logits
+        assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all()
+
+
+def test_model_build_is_deterministic_in_the_seed(kit, tmp_path):
+    tok_dir, _ = kit
+    a = AutoModelForCausalLM.from_pretrained(build_model(tmp_path / "a", tok_dir, seed=3))
+    b = AutoModelForCausalLM.from_pretrained(build_model(tmp_path / "b", tok_dir, seed=3))
+    c = AutoModelForCausalLM.from_pretrained(build_model(tmp_path / "c", tok_dir, seed=4))
+    pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)

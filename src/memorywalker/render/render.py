@@ -20,6 +20,7 @@ terminator. Context tokens are never targets.
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -147,7 +148,8 @@ class Renderer:
         Incremental rendering: message i spans ``[len(render(m[:i])), len(render(m[:i+1])))``. It is
         verified that every rendering extends the previous one and the last is a prefix of the prompt.
         """
-        memo = {} if memo is None else memo
+        # Renderings depend on the tools offered too; calls of one trajectory may offer different ones.
+        memo = ({} if memo is None else memo).setdefault(json.dumps(tools, sort_keys=True), {})
         hf = [message_to_hf(m) for m in messages]
         ends, prev = [], ""
         try:

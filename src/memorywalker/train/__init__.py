@@ -1,0 +1,1 @@
+"""Training: typed configs, checkpoints, metrics logging, data parallelism (used by the recipes)."""

@@ -1,0 +1,67 @@
+"""Metrics to JSONL every step (always) and to TensorBoard (when asked)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    """``log(step, metrics)`` appends one JSON line to ``run_dir/metrics.jsonl``.
+
+    Opening in append mode keeps a resumed run's history in one file; lines for steps at or beyond the
+    resume point are dropped first so a killed-and-resumed run does not log a step twice.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = False, enabled: bool = True,
+                 resume_step: int | None = None):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            kept = [ln for ln in self.path.read_text().splitlines()
+                    if ln.strip() and _step_of(ln) is not None and _step_of(ln) < resume_step]
+            self.path.write_text("".join(ln + "\n" for ln in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._f = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, int | float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    return v

@@ -1,0 +1,59 @@
+"""``memorywalker import FORMAT PATH... -o FILE``: harness logs → trajectory JSONL + rejects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import")(import_logs)
+
+
+def import_logs(
+    format: str = typer.Argument(..., help="claude-code | codex | opencode | openhands | swe-agent | qwen-agent | openai-chat"),
+    paths: list[Path] = typer.Argument(..., exists=True, help="log files or directories"),
+    output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL to write"),
+    redact: bool = typer.Option(False, "--redact", help="replace API keys, e-mails and home paths by placeholders"),
+    max_input_tokens: int = typer.Option(None, "--max-input-tokens", help="qwen-agent: replay its truncation at this budget"),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="qwen-agent: HF tokenizer dir used to count tokens"),
+) -> None:
+    """Import harness logs as trajectories with the contexts each model call received."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memorywalker.importers import IMPORTERS, ImportOptions, run_import
+    from memorywalker.records import write_trajectories
+
+    if format not in IMPORTERS:
+        raise typer.BadParameter(f"unknown format {format!r}; valid: {', '.join(sorted(IMPORTERS))}")
+    count = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    result = run_import(format, paths, ImportOptions(redact=redact, max_input_tokens=max_input_tokens,
+                                                     count_tokens=count))
+    write_trajectories(output, result.trajectories)
+    rejects_path = output.with_name(output.stem + ".rejects.jsonl")
+    with open(rejects_path, "w", encoding="utf-8") as f:
+        for r in result.rejects:
+            f.write(json.dumps(r.as_dict(), ensure_ascii=False) + "\n")
+
+    c = result.counts()
+    table = Table(title=f"memorywalker import {format}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in ("read", "imported", "skipped", "rejected", "trajectories", "calls"):
+        table.add_row(key, str(c[key]))
+    for kind, n in c["evictions"].items():
+        table.add_row(f"evictions: {kind}", str(n))
+    for reason, n in c["rejects_by_reason"].items():
+        table.add_row(f"rejects: {reason}", str(n))
+    for kind, n in c["skipped_by_kind"].items():
+        table.add_row(f"skipped: {kind}", str(n))
+    Console().print(table)
+    typer.echo(f"wrote {c['trajectories']} trajectories to {output}; {len(result.rejects)} rejects to {rejects_path}")

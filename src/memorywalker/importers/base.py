@@ -1,0 +1,257 @@
+"""Shared pieces of the importers: the result/reject bookkeeping, JSONL reading, message tables.
+
+Every importer returns an :class:`ImportResult`. Input records are counted once each, so
+``read == imported + skipped + rejected`` always holds: *imported* records contributed to a
+trajectory, *skipped* ones are known record kinds that never reach the model (progress events, UI
+snapshots, ...), *rejected* ones carry a reason code from :data:`IMPORT_REASONS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.records import RecordError, Trajectory, TrajectoryBuilder
+
+IMPORT_REASONS: dict[str, str] = {
+    "unreadable_file": "the file could not be opened or decoded",
+    "bad_json": "a line (or the file) is not valid JSON",
+    "truncated_line": "the final line has no newline and does not parse: the file was cut off mid-record",
+    "not_an_object": "a record is not a JSON object",
+    "bad_format": "the file does not have the structure this format expects",
+    "unknown_record_type": "a record type this importer does not know; it is not sent to the model",
+    "missing_field": "a record lacks a field the format requires",
+    "missing_parent": "a record's parent is not in the input: contexts behind it are incomplete",
+    "orphan_tool_result": "a tool result answers no tool call of its context; it was left out",
+    "no_calls": "the input holds no model call",
+    # A built trajectory failed check_trajectory: the reason is "invalid_trajectory:<code>".
+    "invalid_trajectory": "the reconstructed trajectory violates schema v1",
+}
+
+
+@dataclass(frozen=True)
+class ImportReject:
+    source: str
+    line: int | None  # 1-based line (JSONL) or record index; None for a whole file/trajectory
+    reason: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message}
+
+
+@dataclass
+class ImportResult:
+    trajectories: list[Trajectory] = field(default_factory=list)
+    rejects: list[ImportReject] = field(default_factory=list)
+    read: int = 0
+    imported: int = 0
+    skipped: Counter = field(default_factory=Counter)  # kind -> records deliberately not used
+    notes: Counter = field(default_factory=Counter)  # handled-and-counted events (thinking blocks, ...)
+
+    @property
+    def rejected(self) -> int:
+        return sum(1 for r in self.rejects if r.line is not None and not r.reason.startswith("invalid_trajectory"))
+
+    def reject(self, source: str | Path, line: int | None, reason: str, message: str) -> None:
+        assert reason.split(":")[0] in IMPORT_REASONS, reason
+        self.rejects.append(ImportReject(str(source), line, reason, message))
+
+    def add(self, other: ImportResult) -> None:
+        self.trajectories += other.trajectories
+        self.rejects += other.rejects
+        self.read += other.read
+        self.imported += other.imported
+        self.skipped.update(other.skipped)
+        self.notes.update(other.notes)
+
+    def finish(self, builder: TrajectoryBuilder, source: str | Path) -> Trajectory | None:
+        """Build and check ``builder``; keep the trajectory or reject it with its reason code."""
+        if not builder.calls:
+            self.reject(source, None, "no_calls", f"trajectory {builder.id!r} has no model call")
+            return None
+        try:
+            traj = builder.build()
+        except RecordError as e:
+            self.reject(source, None, f"invalid_trajectory:{e.code}", f"{builder.id}: {e.message}")
+            return None
+        self.trajectories.append(traj)
+        return traj
+
+    def counts(self) -> dict[str, Any]:
+        evictions = Counter(ev.kind for t in self.trajectories for ev in t.evictions)
+        return {
+            "read": self.read,
+            "imported": self.imported,
+            "skipped": sum(self.skipped.values()),
+            "rejected": self.rejected,
+            "trajectories": len(self.trajectories),
+            "calls": sum(len(t.calls) for t in self.trajectories),
+            "evictions": dict(sorted(evictions.items())),
+            "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects).items())),
+            "skipped_by_kind": dict(sorted(self.skipped.items())),
+            "notes": dict(sorted(self.notes.items())),
+        }
+
+
+@dataclass
+class ImportOptions:
+    redact: bool = False
+    max_input_tokens: int | None = None  # qwen-agent: the budget its truncation was run with
+    count_tokens: Any = None  # qwen-agent: callable(str) -> int; default len(text.encode()) // 4
+
+
+def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line number, object)`` for every good line; reject the others (counted as read)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        result.reject(path, None, "unreadable_file", str(e))
+        return
+    lines = data.split(b"\n")
+    last = len(lines) - 1
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        result.read += 1
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            final = i - 1 == last  # no newline after it
+            result.reject(path, i, "truncated_line" if final else "bad_json", f"line {i}: {e}")
+            continue
+        if not isinstance(obj, dict):
+            result.reject(path, i, "not_an_object", f"line {i}: got a JSON {type(obj).__name__}")
+            continue
+        yield i, obj
+
+
+def read_json(path: Path, result: ImportResult) -> Any:
+    """A whole-file JSON document, or None (rejected as unreadable / bad / truncated)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        result.reject(path, None, "unreadable_file", str(e))
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        reason = "truncated_line" if e.pos >= len(text.rstrip()) - 1 else "bad_json"
+        result.reject(path, None, reason, f"{path.name}: {e}")
+        return None
+
+
+def content_text(content: Any) -> str:
+    """Plain text of a message content: a string or a list of typed parts (OpenAI/Anthropic/Qwen)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text")
+                if text is None and part.get("type") in ("image", "image_url", "input_image"):
+                    text = "[image]"
+                out.append(text or "")
+        return "\n\n".join(out)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def parse_arguments(args: Any) -> dict | str:
+    """Tool-call arguments as a dict; the raw string when it is not a JSON object."""
+    if isinstance(args, dict):
+        return args
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except json.JSONDecodeError:
+            return args
+        return parsed if isinstance(parsed, dict) else args
+    return {} if args is None else str(args)
+
+
+class ContentTable:
+    """Black-box message identity: equal messages at the same occurrence in a context share an id.
+
+    A context that repeats a message verbatim keeps both copies (occurrence 0 and 1), so contexts
+    never list an id twice and identical prefixes of different calls share ids.
+    """
+
+    def __init__(self, builder: TrajectoryBuilder):
+        self.builder = builder
+        self.ids: dict[tuple[str, int], str] = {}
+
+    def context(self, messages: list[dict]) -> list[str]:
+        seen: Counter = Counter()
+        out = []
+        for m in unique_tool_call_ids(messages):
+            key = json.dumps(m, sort_keys=True, ensure_ascii=False)
+            out.append(self.get(key, seen[key], m))
+            seen[key] += 1
+        return out
+
+    def get(self, key: str, occurrence: int, fields: dict) -> str:
+        mid = self.ids.get((key, occurrence))
+        if mid is None:
+            digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+            mid = self.builder.message(id=f"m{len(self.builder.messages)}-{digest}", **fields)
+            self.ids[(key, occurrence)] = mid
+        return mid
+
+
+def unique_tool_call_ids(messages: list[dict]) -> list[dict]:
+    """Rename tool-call ids that an earlier assistant message of the list already used (``id#2``).
+
+    Some harnesses reuse ids (SWE-agent replays, proxies that number calls per request); schema v1
+    needs them unique per trajectory. Renaming depends only on the order of the list, so every
+    context that contains the same history gets the same ids. Tool results follow the latest use.
+    """
+    seen: dict[str, int] = {}
+    current: dict[str, str] = {}
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            tcs = []
+            for tc in m["tool_calls"]:
+                n = seen.get(tc["id"], 0)
+                seen[tc["id"]] = n + 1
+                current[tc["id"]] = tc["id"] if n == 0 else f"{tc['id']}#{n + 1}"
+                tcs.append({**tc, "id": current[tc["id"]]})
+            m = {**m, "tool_calls": tcs}
+        elif m.get("role") == "tool" and m.get("tool_call_id") in current:
+            m = {**m, "tool_call_id": current[m["tool_call_id"]]}
+        out.append(m)
+    return out
+
+
+def infer_evictions(builder: TrajectoryBuilder, kind: str, artifact_ids: set[str] | None = None) -> None:
+    """Black-box evictions: wherever a call's context does not extend the previous call's sequence.
+
+    ``removed`` = messages of the previous context + response that the new context lacks;
+    ``inserted`` = new messages placed before the last retained one (replacements such as
+    placeholders), or the harness artifacts among the new ones. Marked ``meta.inferred``.
+    """
+    artifact_ids = artifact_ids or set()
+    for prev, call in zip(builder.calls, builder.calls[1:], strict=False):
+        before = [*prev.context, prev.response]
+        if call.context[: len(before)] == before:
+            continue
+        now = set(call.context)
+        removed = [m for m in before if m not in now]
+        old = set(before)
+        last_kept = max((i for i, m in enumerate(call.context) if m in old), default=-1)
+        inserted = [m for i, m in enumerate(call.context) if m not in old and (i < last_kept or m in artifact_ids)]
+        builder.eviction(call.id, kind, removed, inserted, meta={"inferred": True})
+
+
+def stable_id(*parts: Any) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -1,0 +1,444 @@
+"""Claude Code session logs (``~/.claude/projects/<project>/<session>.jsonl``) → trajectories.
+
+* **Calls.** One call per model response. Claude Code writes one record per content block, so the
+  records sharing ``message.id`` (or ``requestId``) are one response; their text, thinking and
+  tool_use blocks are merged into one assistant message.
+* **Contexts.** The context of a call is the ``parentUuid`` chain the model saw, walked back from
+  the response's first record to the newest ``compact_boundary`` (whose ``parentUuid`` is null).
+  Parallel tool uses branch that chain (each result hangs off its own tool_use record), so the
+  results of every tool_use of an assistant message are placed right after it, as the API
+  requires, whatever branch they were written on.
+* **Compaction.** Each ``compact_boundary`` is a white-box ``summarize`` eviction before the first
+  call after it: ``trigger`` and ``preTokens`` kept, removed = the pre-compaction chain (found
+  through ``logicalParentUuid``), inserted = the ``isCompactSummary`` message (author ``harness``).
+  The summarization call in ``subagents/agent-acompact-*.jsonl`` is a call whose context is the
+  pre-compaction chain plus its own prompt.
+* **Subagents.** ``subagents/agent-<id>.jsonl`` (Task tool) and, in older versions, ``isSidechain``
+  chains inside the session file become their own trajectories linked by lineage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.importers.base import ImportOptions, ImportResult, content_text, read_jsonl
+from memorywalker.records import Lineage, Task, TrajectoryBuilder
+
+FORMAT = "claude-code"
+
+_CONVERSATION = {"user", "assistant"}
+# Record types that are written for the UI or bookkeeping and never reach the model.
+_NOT_SENT = {"progress", "file-history-snapshot", "queue-operation", "summary", "custom-title", "tag",
+             "agent-name", "pr-link", "last-prompt"}
+_STOP = {"tool_use": "tool_calls", "end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+         "refusal": "content_filter", "pause_turn": "stop"}
+
+
+@dataclass
+class _Rec:
+    obj: dict
+    source: Path
+    line: int
+    order: int  # global file order (main file first, then subagent files)
+
+    @property
+    def uuid(self) -> str | None:
+        return self.obj.get("uuid")
+
+    @property
+    def parent(self) -> str | None:
+        return self.obj.get("parentUuid")
+
+
+@dataclass
+class _Index:
+    by_uuid: dict[str, _Rec] = field(default_factory=dict)
+    results: dict[str, list[tuple[_Rec, int]]] = field(default_factory=lambda: defaultdict(list))
+    groups: dict[str, list[_Rec]] = field(default_factory=lambda: defaultdict(list))
+    missing: set[str] = field(default_factory=set)  # uuids whose parent is absent
+
+    def add(self, rec: _Rec) -> None:
+        if rec.uuid:
+            self.by_uuid[rec.uuid] = rec
+        o = rec.obj
+        if o.get("type") == "assistant":
+            self.groups[group_key(o)].append(rec)
+        elif o.get("type") == "user":
+            content = (o.get("message") or {}).get("content")
+            for k, block in enumerate(content if isinstance(content, list) else []):
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    self.results[block.get("tool_use_id")].append((rec, k))
+
+
+def group_key(obj: dict) -> str:
+    m = obj.get("message") or {}
+    return m.get("id") or obj.get("requestId") or obj.get("uuid") or ""
+
+
+def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
+    result = ImportResult()
+    for path in paths:
+        files = sorted(p for p in path.glob("*.jsonl")) if path.is_dir() else [path]
+        for f in files:
+            result.add(import_session(f))
+    return result
+
+
+def import_session(path: Path) -> ImportResult:
+    """One session file plus its ``<session>/subagents/*.jsonl``."""
+    result = ImportResult()
+    index = _Index()
+    main: list[_Rec] = []
+    order = 0
+    sub_dir = path.with_suffix("") / "subagents"
+    sub_files = sorted(sub_dir.glob("*.jsonl")) if sub_dir.is_dir() else []
+    per_file: dict[Path, list[_Rec]] = {}
+    for f in [path, *sub_files]:
+        recs = []
+        for line, obj in read_jsonl(f, result):
+            kind = obj.get("type")
+            if kind in _CONVERSATION or kind == "system":
+                rec = _Rec(obj, f, line, order)
+                order += 1
+                if kind in _CONVERSATION and not isinstance(obj.get("message"), dict):
+                    result.reject(f, line, "missing_field", f"line {line}: {kind} record without a message")
+                    continue
+                index.add(rec)
+                recs.append(rec)
+                if kind == "system" and obj.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
+                    result.skipped[f"system:{obj.get('subtype')}"] += 1
+                else:
+                    result.imported += 1
+            elif kind in _NOT_SENT:
+                result.skipped[kind] += 1
+                if obj.get("uuid"):  # still a link of the parentUuid chain
+                    index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
+                    order += 1
+            else:
+                result.reject(f, line, "unknown_record_type", f"line {line}: record type {kind!r}")
+                if obj.get("uuid"):
+                    index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
+                    order += 1
+        per_file[f] = recs
+    main = per_file.get(path, [])
+    for f, recs in per_file.items():
+        for rec in recs:
+            p = rec.parent
+            if p and p not in index.by_uuid:
+                index.missing.add(rec.uuid)
+                result.reject(f, rec.line, "missing_parent",
+                              f"line {rec.line}: parentUuid {p!r} is not in the input; the context behind it is cut")
+
+    session_id = next((r.obj.get("sessionId") for r in main if r.obj.get("sessionId")), path.stem)
+    main_chain = [r for r in main if not r.obj.get("isSidechain")]
+    trajectory = _Trajectory(session_id, path, index, result, lineage=Lineage(source=FORMAT, source_path=str(path)))
+    for f in sub_files:
+        if f.name.startswith("agent-acompact"):
+            trajectory.summarization_calls(per_file[f])
+    trajectory.add_calls(main_chain)
+    traj = trajectory.finish()
+
+    # Task subagents: subagents/agent-<id>.jsonl, linked through toolUseResult.agentId.
+    spawned = _spawning_calls(trajectory, main_chain)
+    for f in sub_files:
+        if f.name.startswith("agent-acompact"):
+            continue
+        agent_id = f.stem.removeprefix("agent-")
+        parent_call = spawned.get(agent_id)
+        sub = _Trajectory(f"{session_id}/agent-{agent_id}", f, index, result, lineage=Lineage(
+            parent=traj.id if traj else None, parent_call=parent_call, relation="subagent",
+            source=FORMAT, source_path=str(f)))
+        sub.add_calls(per_file[f])
+        sub.finish()
+        result.notes["subagents_linked" if parent_call else "subagents_unlinked"] += 1
+
+    # Older versions keep Task subagents inline as isSidechain chains.
+    side = [r for r in main if r.obj.get("isSidechain")]
+    roots: dict[str, list[_Rec]] = defaultdict(list)
+    for rec in side:
+        roots[_root_of(rec, index)].append(rec)
+    prompts = _task_prompts(trajectory, main_chain)
+    for root, recs in roots.items():
+        first_user = next((r for r in recs if r.obj.get("type") == "user"), None)
+        prompt = content_text((first_user.obj.get("message") or {}).get("content")) if first_user else ""
+        parent_call = prompts.get(prompt.strip())
+        sub = _Trajectory(f"{session_id}/sidechain-{root[:8]}", path, index, result, lineage=Lineage(
+            parent=traj.id if traj else None, parent_call=parent_call, relation="subagent",
+            source=FORMAT, source_path=str(path)))
+        sub.add_calls(recs)
+        sub.finish()
+        result.notes["sidechain_subagents"] += 1
+    return result
+
+
+def _root_of(rec: _Rec, index: _Index) -> str:
+    seen = set()
+    while rec.parent and rec.parent in index.by_uuid and rec.uuid not in seen:
+        seen.add(rec.uuid)
+        rec = index.by_uuid[rec.parent]
+    return rec.uuid or ""
+
+
+def _spawning_calls(t: _Trajectory, recs: list[_Rec]) -> dict[str, str]:
+    """agentId -> id of the call whose Task tool_use the agent answered."""
+    out = {}
+    for rec in recs:
+        tur = rec.obj.get("toolUseResult")
+        if rec.obj.get("type") != "user" or not isinstance(tur, dict) or "agentId" not in tur:
+            continue
+        for block in (rec.obj.get("message") or {}).get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                call = t.call_of_tool_use.get(block.get("tool_use_id"))
+                if call:
+                    out[str(tur["agentId"])] = call
+    return out
+
+
+def _task_prompts(t: _Trajectory, recs: list[_Rec]) -> dict[str, str]:
+    out = {}
+    for rec in recs:
+        if rec.obj.get("type") != "assistant":
+            continue
+        for block in (rec.obj.get("message") or {}).get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "Task":
+                prompt = str((block.get("input") or {}).get("prompt", "")).strip()
+                if prompt and block.get("id") in t.call_of_tool_use:
+                    out[prompt] = t.call_of_tool_use[block["id"]]
+    return out
+
+
+class _Trajectory:
+    """Builds one trajectory from the conversation records of one chain family."""
+
+    def __init__(self, traj_id: str, source: Path, index: _Index, result: ImportResult, lineage: Lineage):
+        self.b = TrajectoryBuilder(traj_id, task=Task(id=traj_id), lineage=lineage)
+        self.source, self.index, self.result = source, index, result
+        self.msg_ids: dict[str, list[str]] = {}  # record uuid / group key -> message ids
+        self.call_of_tool_use: dict[str, str] = {}
+        self.boundary_of_call: dict[str, str | None] = {}
+        self.pending_summaries: list[tuple[str, _Rec]] = []  # (timestamp, response record)
+        self.summary_call_ids: list[tuple[str, str]] = []
+
+    # --- messages ---------------------------------------------------------------------------------
+
+    def _assistant(self, key: str) -> list[str]:
+        if key in self.msg_ids:
+            return self.msg_ids[key]
+        recs = self.index.groups[key]
+        texts, thinking, tool_calls = [], [], []
+        for rec in recs:
+            for block in _blocks(rec.obj):
+                kind = block.get("type")
+                if kind == "text":
+                    texts.append(block.get("text", ""))
+                elif kind == "thinking":
+                    thinking.append(block.get("thinking", ""))
+                    self.result.notes["thinking_blocks"] += 1
+                elif kind == "redacted_thinking":
+                    self.result.notes["redacted_thinking_blocks"] += 1
+                elif kind in ("tool_use", "server_tool_use"):
+                    tool_calls.append({"id": block.get("id"), "name": block.get("name", ""),
+                                       "arguments": block.get("input") or {}})
+                else:
+                    self.result.notes[f"assistant_block:{kind}"] += 1
+        first = recs[0].obj
+        stop = next((r.obj["message"].get("stop_reason") for r in reversed(recs) if r.obj["message"].get("stop_reason")), None)
+        meta = {"uuids": [r.uuid for r in recs], "model": first["message"].get("model"),
+                "stop_reason": stop, "timestamp": first.get("timestamp")}
+        if first.get("isApiErrorMessage") or first["message"].get("model") == "<synthetic>":
+            meta["synthetic"] = True
+        mid = self.b.message("assistant", "\n\n".join(texts), id=recs[0].uuid or key,
+                             reasoning="\n\n".join(thinking) or None, tool_calls=tool_calls,
+                             author="model", meta={k: v for k, v in meta.items() if v is not None})
+        self.msg_ids[key] = [mid]
+        return self.msg_ids[key]
+
+    def _user(self, rec: _Rec) -> list[tuple[str, str | None]]:
+        """(message id, tool_use_id or None) of a user record's messages."""
+        if rec.uuid in self.msg_ids:
+            return self.msg_ids[rec.uuid]
+        o = rec.obj
+        content = o["message"].get("content")
+        out: list[tuple[str, str | None]] = []
+        texts = []
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+        n_results = sum(1 for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result")
+        for k, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                texts.append(str(block))
+            elif block.get("type") == "tool_result":
+                is_error = bool(block.get("is_error"))
+                self.result.notes["tool_results_is_error"] += is_error
+                mid = self.b.message("tool", content_text(block.get("content")),
+                                     id=rec.uuid if n_results == 1 else f"{rec.uuid}#{k}",
+                                     tool_call_id=block.get("tool_use_id"), author="environment",
+                                     meta={"is_error": True} if is_error else {})
+                out.append((mid, block.get("tool_use_id")))
+            elif block.get("type") == "image":
+                self.result.notes["images"] += 1
+                texts.append("[image]")
+            else:
+                texts.append(block.get("text", ""))
+        if texts and (n_results == 0 or any(t.strip() for t in texts)):
+            meta: dict[str, Any] = {"timestamp": o.get("timestamp")}
+            if o.get("isCompactSummary"):
+                author = "harness"
+                meta["compact_summary"] = True
+            elif o.get("isMeta"):
+                author = "system"  # a harness reminder, not a compression artifact
+                meta["is_meta"] = True
+                self.result.notes["is_meta_messages"] += 1
+            else:
+                author = "user"
+            mid = self.b.message("user", "\n\n".join(texts), id=rec.uuid if not out else f"{rec.uuid}#text",
+                                 author=author, meta=meta)
+            out.append((mid, None))
+        self.msg_ids[rec.uuid] = out
+        return out
+
+    # --- contexts ---------------------------------------------------------------------------------
+
+    def _chain(self, start: str | None) -> tuple[list[_Rec], _Rec | None, bool]:
+        """Records from the chain root (or newest compact_boundary) to ``start``, oldest first."""
+        chain, boundary, gap, seen = [], None, False, set()
+        uid = start
+        while uid and uid not in seen:
+            seen.add(uid)
+            rec = self.index.by_uuid.get(uid)
+            if rec is None:
+                gap = True
+                break
+            if rec.obj.get("type") == "system" and rec.obj.get("subtype") == "compact_boundary":
+                boundary = rec
+                break
+            chain.append(rec)
+            if rec.uuid in self.index.missing:
+                gap = True
+            uid = rec.parent
+        chain.reverse()
+        return chain, boundary, gap
+
+    def _context(self, chain: list[_Rec], before: int) -> list[str]:
+        """Message ids of a chain as the API saw them; tool results follow their tool_use message."""
+        ctx: list[str] = []
+        placed: set[str] = set()
+        issued: set[str] = set()
+
+        def put(mid: str) -> None:
+            if mid not in placed:
+                placed.add(mid)
+                ctx.append(mid)
+
+        for rec in chain:
+            kind = rec.obj.get("type")
+            if kind == "assistant":
+                key = group_key(rec.obj)
+                (mid,) = self._assistant(key)
+                if mid in placed:
+                    continue
+                put(mid)
+                for tc in self.b.messages[self._pos(mid)].tool_calls:
+                    issued.add(tc.id)
+                    hits = [h for h in self.index.results.get(tc.id, []) if h[0].order < before]
+                    if not hits:
+                        continue
+                    res_rec = hits[0][0]
+                    for rid, tu in self._user(res_rec):
+                        if tu == tc.id:
+                            put(rid)
+            elif kind == "user":
+                for mid, tu in self._user(rec):
+                    if mid in placed:
+                        continue
+                    if tu is not None and tu not in issued:
+                        self.result.notes["orphan_tool_results_dropped"] += 1
+                        continue
+                    put(mid)
+        return ctx
+
+    def _pos(self, mid: str) -> int:
+        if not hasattr(self, "_positions") or mid not in self._positions:
+            self._positions = {m.id: i for i, m in enumerate(self.b.messages)}
+        return self._positions[mid]
+
+    # --- calls ------------------------------------------------------------------------------------
+
+    def summarization_calls(self, recs: list[_Rec]) -> None:
+        """Queue the compaction-summary responses of an ``agent-acompact-*`` file."""
+        for rec in recs:
+            if rec.obj.get("type") == "assistant" and self.index.groups[group_key(rec.obj)][0] is rec:
+                self.pending_summaries.append((rec.obj.get("timestamp") or "", rec))
+
+    def add_calls(self, recs: list[_Rec]) -> None:
+        firsts = [r for r in recs if r.obj.get("type") == "assistant" and self.index.groups[group_key(r.obj)][0] is r]
+        summaries = sorted(self.pending_summaries, key=lambda x: x[0])
+        for rec in firsts:
+            ts = rec.obj.get("timestamp") or ""
+            while summaries and summaries[0][0] and ts and summaries[0][0] <= ts:
+                self._call(summaries.pop(0)[1], summarization=True)
+            self._call(rec)
+        for _, s in summaries:
+            self._call(s, summarization=True)
+
+    def _call(self, first: _Rec, summarization: bool = False) -> None:
+        key = group_key(first.obj)
+        chain, boundary, gap = self._chain(first.parent)
+        context = self._context(chain, before=first.order)
+        if not context:
+            self.result.notes["calls_without_context"] += 1
+            return
+        (response,) = self._assistant(key)
+        msg = self.b.messages[self._pos(response)]
+        stop = msg.meta.get("stop_reason")
+        finish = _STOP.get(stop, "tool_calls" if msg.tool_calls else ("stop" if stop is None else "unknown"))
+        meta: dict[str, Any] = {"request_id": first.obj.get("requestId"), "message_id": first.obj["message"].get("id")}
+        fields: dict[str, Any] = {}
+        if summarization:
+            meta["compaction_summary_call"] = True
+        if gap:
+            fields = {"selected": False, "reason": "context_gap: a parent record is missing"}
+        if msg.meta.get("synthetic"):
+            fields = {"selected": False, "reason": "synthetic response written by the harness"}
+        cid = self.b.call(context, response, finish_reason=finish, meta={k: v for k, v in meta.items() if v},
+                          **fields)
+        for tc in msg.tool_calls:
+            self.call_of_tool_use[tc.id] = cid
+        if not summarization:
+            self._maybe_evict(cid, boundary, context)
+            self.boundary_of_call[cid] = boundary.uuid if boundary else None
+
+    def _maybe_evict(self, cid: str, boundary: _Rec | None, context: list[str]) -> None:
+        prev = next((c for c in reversed(self.b.calls[:-1]) if c.id in self.boundary_of_call), None)
+        if boundary is None or prev is None or self.boundary_of_call[prev.id] == boundary.uuid:
+            return
+        o = boundary.obj
+        meta_c = o.get("compactMetadata") or {}
+        logical = o.get("logicalParentUuid")
+        meta: dict[str, Any] = {"boundary_uuid": boundary.uuid, "logical_parent": logical}
+        if logical and logical in self.index.by_uuid:
+            pre_chain, _, _ = self._chain(logical)
+            before = self._context(pre_chain, before=boundary.order)
+        else:
+            # Dangling logicalParentUuid: what the previous call delivered is the best record.
+            meta["dangling_logical_parent"] = True
+            self.result.notes["dangling_logical_parent"] += 1
+            before = [*prev.context, prev.response]
+        now = set(context)
+        table = {m.id: m for m in self.b.messages}
+        inserted = [m for m in context if table[m].meta.get("compact_summary")]
+        self.b.eviction(cid, "summarize", [m for m in before if m not in now], inserted,
+                        trigger=meta_c.get("trigger"), tokens_before=meta_c.get("preTokens"), meta=meta)
+        self.result.notes["compactions"] += 1
+
+    def finish(self):
+        return self.result.finish(self.b, self.source)
+
+
+def _blocks(obj: dict) -> list[dict]:
+    content = (obj.get("message") or {}).get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content or [] if isinstance(b, dict)]

@@ -40,9 +40,11 @@ class ImportReject:
     line: int | None  # 1-based line (JSONL) or record index; None for a whole file/trajectory
     reason: str
     message: str
+    kept: bool = False  # the record itself was still used (e.g. missing_parent: its context is cut)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message}
+        return {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message,
+                "kept": self.kept}
 
 
 @dataclass
@@ -56,11 +58,12 @@ class ImportResult:
 
     @property
     def rejected(self) -> int:
-        return sum(1 for r in self.rejects if r.line is not None and not r.reason.startswith("invalid_trajectory"))
+        """Records rejected (file- and trajectory-level rejects and kept records do not count)."""
+        return sum(1 for r in self.rejects if r.line is not None and not r.kept)
 
-    def reject(self, source: str | Path, line: int | None, reason: str, message: str) -> None:
+    def reject(self, source: str | Path, line: int | None, reason: str, message: str, kept: bool = False) -> None:
         assert reason.split(":")[0] in IMPORT_REASONS, reason
-        self.rejects.append(ImportReject(str(source), line, reason, message))
+        self.rejects.append(ImportReject(str(source), line, reason, message, kept))
 
     def add(self, other: ImportResult) -> None:
         self.trajectories += other.trajectories

@@ -130,7 +130,8 @@ def import_session(path: Path) -> ImportResult:
             if p and p not in index.by_uuid:
                 index.missing.add(rec.uuid)
                 result.reject(f, rec.line, "missing_parent",
-                              f"line {rec.line}: parentUuid {p!r} is not in the input; the context behind it is cut")
+                              f"line {rec.line}: parentUuid {p!r} is not in the input; the context behind it is cut",
+                              kept=True)
 
     session_id = next((r.obj.get("sessionId") for r in main if r.obj.get("sessionId")), path.stem)
     main_chain = [r for r in main if not r.obj.get("isSidechain")]

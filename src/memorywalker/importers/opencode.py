@@ -92,6 +92,7 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
     start = 0  # index in history where the current view starts
     compaction_users: dict[str, int] = {}  # user message id -> index in history
     seen_placeholders: set[str] = set()
+    delivered: set[str] = set()
     boundary = None
     for k, entry in enumerate(messages):
         result.read += 1
@@ -160,11 +161,15 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
                 if pruned is not None and now and now >= pruned:
                     context.append(ph)
                     if ph not in seen_placeholders:
-                        newly.append((mid, ph))
+                        seen_placeholders.add(ph)
+                        if mid in delivered:  # pruned before any call saw it: no branch, no eviction
+                            newly.append((mid, ph))
+                        else:
+                            result.notes["pruned_before_delivery"] += 1
                 else:
                     context.append(mid)
             if not context:
-                result.reject(source, k, "missing_parent", f"message {mi['id']}: an assistant message with no history")
+                result.reject(source, k, "missing_parent", f"message {mi['id']}: an assistant message with no history", kept=True)
                 continue
             cid = b.call(context, resp, finish_reason="tool_calls" if calls else "stop",
                          meta={"summary_call": True} if summary else {})
@@ -174,7 +179,7 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
                 boundary = None
             if newly:
                 b.eviction(cid, "placeholder", [m for m, _ in newly], [p for _, p in newly], trigger="prune")
-                seen_placeholders.update(p for _, p in newly)
+            delivered.update(context)
             history.append((resp, None, None))
             for call_id, tool, out, pruned in results:
                 rid = b.message("tool", str(out), id=f"{step_id}:{call_id}", tool_call_id=call_id, name=tool,

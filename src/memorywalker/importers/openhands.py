@@ -28,10 +28,12 @@ _SKIP_OBS = {"agent_state_changed", "null", "recall", "agent_condensation"}
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
     for path in paths:
-        if path.is_dir():
-            events = [e for f in sorted(path.glob("*.json"), key=lambda p: (len(p.stem), p.stem))
-                      if (e := read_json(f, result)) is not None]
+        files = sorted(path.glob("*.json"), key=lambda p: (len(p.stem), p.stem)) if path.is_dir() else []
+        if files and all(f.stem.isdigit() for f in files):  # an event store: one event per <id>.json
+            events = [e for f in files if (e := read_json(f, result)) is not None]
             import_events(events, path, result)
+        elif path.is_dir():
+            result.add(import_paths(files))
         elif path.suffix == ".jsonl":
             import_events([obj for _, obj in read_jsonl(path, result)], path, result, counted=True)
         else:
@@ -103,7 +105,7 @@ def import_events(events: list[Any], path: Path, result: ImportResult, counted: 
                             reasoning=choice.get("reasoning_content"), meta={"event_id": eid})
             context = _visible(view, summary)
             if not context:
-                result.reject(path, k, "missing_parent", f"event {eid}: a response with no prior event")
+                result.reject(path, k, "missing_parent", f"event {eid}: a response with no prior event", kept=True)
                 continue
             cid = b.call(context, mid, finish_reason="tool_calls" if tool_calls else "stop",
                          meta={"model_response_id": rid})

@@ -1,0 +1,118 @@
+"""Attention masks from Euler intervals, in the form each Hugging Face attention backend expects.
+
+A buffer's attention pattern is ``tout`` [B, L]: key ``k`` is visible to query ``q`` iff
+``k <= q < tout[b, k]`` (the ancestor mask of DESIGN.md; chains are causal; pieces packed in one buffer
+have disjoint intervals so they never see each other; padding has ``tout[k] = k + 1``, itself only).
+
+The mask is always passed explicitly as 4D, with the tree/packed position ids: transformers returns a
+4D mask (tensor or BlockMask) untouched (``masking_utils._preprocess_mask_arguments``), whereas with
+no mask it would read position-id resets as packed documents and build a block-causal mask — which is
+not the ancestor mask.
+
+* ``sdpa``  — dense bool [B, 1, L, L], True = attend (``torch.nn.functional.scaled_dot_product_attention``).
+* ``eager`` — additive float [B, 1, L, L]: 0 = attend, ``finfo(dtype).min`` = blocked. Eager attention
+  *adds* the mask to the scores (``attn_weights + attention_mask``); a bool mask there would add 0/1 and
+  silently attend everywhere.
+* ``flex``  — a FlexAttention ``BlockMask`` whose ``mask_mod`` evaluates the interval test. Training
+  needs CUDA: FlexAttention has no CPU backward; the CPU forward is supported and tested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# FlexAttention's sparse block size. Buffers are padded to a multiple of it: with torch 2.13 the
+# compiled CPU kernel returned wrong outputs for a length of 40 (correct at 128 and 256).
+FLEX_BLOCK = 128
+
+
+def dense_allowed(tout: torch.Tensor) -> torch.Tensor:
+    """bool [B, L, L], ``allowed[b, q, k] = k <= q < tout[b, k]``."""
+    L = tout.shape[-1]
+    idx = torch.arange(L, device=tout.device)
+    q, k = idx[:, None], idx[None, :]
+    return (k <= q) & (q < tout[:, None, :])
+
+
+def sdpa_mask(tout: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [B, 1, L, L] for SDPA (True = attend)."""
+    return dense_allowed(tout)[:, None]
+
+
+def eager_mask(tout: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float [B, 1, L, L] of ``dtype``: 0 where attending, the dtype's minimum elsewhere.
+
+    Eager attention computes ``softmax(QK^T * scale + mask)``: the mask is ADDED, so it must be this
+    additive float, not bool (a bool would be added as 0/1 and block nothing).
+    """
+    blocked = torch.zeros(tout.shape[0], 1, tout.shape[1], tout.shape[1], dtype=dtype, device=tout.device)
+    return blocked.masked_fill_(~dense_allowed(tout)[:, None], torch.finfo(dtype).min)
+
+
+def flex_mask(tout: torch.Tensor, dtype: torch.dtype):
+    """FlexAttention ``BlockMask`` with ``mask_mod(b, h, q, k) = k <= q < tout[b, k]``.
+
+    Blocks outside every interval are skipped, so a tree costs about its ancestor pairs, not L².
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, L = tout.shape
+    if L % FLEX_BLOCK:
+        raise ValueError(f"flex buffers must be padded to a multiple of {FLEX_BLOCK} (got {L}); use pad_length")
+
+    def ancestor(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx < tout[b, kv_idx])
+
+    return create_block_mask(ancestor, B, None, L, L, device=tout.device)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    hf_implementation: str  # value of config._attn_implementation the mask is built for
+    build: Callable[[torch.Tensor, torch.dtype], object]  # (tout [B, L], dtype) -> mask
+    multiple: int = 1  # buffers are padded to a multiple of this
+
+
+BACKENDS: dict[str, Backend] = {
+    "sdpa": Backend("sdpa", "sdpa", sdpa_mask),
+    "eager": Backend("eager", "eager", eager_mask),
+    "flex": Backend("flex", "flex_attention", flex_mask, FLEX_BLOCK),
+}
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name!r}; valid: {sorted(BACKENDS)}") from None
+
+
+def backend_of(model) -> Backend:
+    """The backend matching the model's current ``config._attn_implementation``."""
+    impl = _unwrap(model).config._attn_implementation
+    for b in BACKENDS.values():
+        if b.hf_implementation == impl:
+            return b
+    raise ValueError(f"model attention implementation {impl!r} takes no custom 4D mask here; "
+                     f"use one of {[b.hf_implementation for b in BACKENDS.values()]}")
+
+
+def use_backend(model, name: str) -> Backend:
+    """Switch the model to the attention implementation ``name``'s mask is built for; return the backend."""
+    backend = get_backend(name)
+    inner = _unwrap(model)
+    if inner.config._attn_implementation != backend.hf_implementation:
+        inner.set_attn_implementation(backend.hf_implementation)
+    return backend
+
+
+def pad_length(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if multiple > 1 else n
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)  # DistributedDataParallel / FSDP wrappers

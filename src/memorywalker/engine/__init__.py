@@ -1,0 +1,76 @@
+"""Training engines: run a method + objective on a Hugging Face causal LM for one micro-batch.
+
+API::
+
+    from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+
+    batch = Batch.from_groups(groups, renderer=renderer)   # groups: list[list[RenderedTrajectory]]
+    cfg = EngineConfig(method="tree-mask", objective="nll", normalization="token")
+    result = run(model, batch, cfg)        # forwards + backward(s): grads accumulate in model.parameters()
+    optimizer.step(); optimizer.zero_grad()
+
+``run(model, batch, cfg=None, *, backward=True, denominators=None) -> EngineResult`` with
+
+* ``result.loss`` — scalar, detached: the loss whose gradient was accumulated;
+* ``result.logprobs`` — float32 [N], per target of ``batch.targets`` (NaN where the method lost it);
+* ``result.weight`` — float32 [N], the weights trained with (0 on lost targets);
+* ``result.metrics`` — ``forwards``, ``backwards``, ``tokens``, ``buffers``, ``targets``,
+  ``lost_targets``, objective stats (``mean_ratio``, ``mean_clipped``, ``mean_tis_weight``), gap
+  metrics against recorded rollout logprobs (``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
+  ``log_ppl_abs_diff``) and for ``sdcc`` ``eps_kl_mean``, ``eps_kl_max``, ``tv_bound`` (= sqrt(eps_kl/2),
+  Pinsker), ``tv_bound_max``, ``students``, ``unmatched_calls``. Tensors stay on the device: the
+  recipe syncs and logs once.
+* ``result.eps_kl`` — sdcc: [J] the mean per-token KL of each student.
+
+Methods (:data:`METHODS`): ``per-call``, ``logit-tree``, ``tree-mask``, ``dfs``, ``rightmost``, ``sdcc``
+(DESIGN.md). Objectives (:data:`OBJECTIVES`): ``nll``, ``ppo`` (PPO-clip on the targets' advantages,
+ratio against ``batch.old_logprob``, else the rollout logprobs, else on-policy), ``grpo`` (PPO-clip with
+group-relative advantages from trajectory rewards; a tree = a group). Unknown names raise with the valid
+ones. Attention: ``cfg.attention`` = ``sdpa`` | ``eager`` | ``flex`` switches the model to it; None uses
+the model's current implementation.
+
+Gradient accumulation and data parallelism: normalization divides by a denominator summed over the
+whole optimizer step. Compute it once per step on every rank, and tell the engine how many ranks
+average their gradients::
+
+    dens = step_denominators(micro_batches, cfg)          # all-reduced when torch.distributed is up
+    for mb in micro_batches:
+        with (ddp.no_sync() if mb is not micro_batches[-1] else nullcontext()):
+            run(ddp, mb, replace(cfg, dp_size=world_size), denominators=dens)
+    optimizer.step()
+
+Inside one ``run`` under DDP only the last of several backward passes all-reduces. Every rank must
+call ``run`` equally often (collectives), and a micro-batch holds whole trees.
+"""
+
+from memorywalker.engine.run import (
+    METHODS,
+    OBJECTIVES,
+    Denominators,
+    EngineConfig,
+    EngineResult,
+    Method,
+    Objective,
+    get_method,
+    get_objective,
+    layout_for,
+    run,
+    step_denominators,
+)
+from memorywalker.layout.batch import Batch
+
+__all__ = [
+    "METHODS",
+    "OBJECTIVES",
+    "Batch",
+    "Denominators",
+    "EngineConfig",
+    "EngineResult",
+    "Method",
+    "Objective",
+    "get_method",
+    "get_objective",
+    "layout_for",
+    "run",
+    "step_denominators",
+]

@@ -1,0 +1,295 @@
+"""The engine entry point: run a method + objective on a model for one micro-batch."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from memorywalker.attention.masks import Backend, backend_of, use_backend
+from memorywalker.engine.forward import forward_buffer, model_device
+from memorywalker.layout.batch import Batch
+from memorywalker.layout.methods import LAYOUTS, Layout, build_layout
+from memorywalker.objectives.losses import behaviour_logprob, forward_kl, grpo_advantages, nll, ppo_clip
+from memorywalker.objectives.metrics import gap_metrics
+from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
+
+
+@dataclass
+class EngineConfig:
+    method: str = "tree-mask"  # one of METHODS
+    objective: str = "nll"  # one of OBJECTIVES
+    normalization: str = "token"  # token | call | trajectory | sequence
+    attention: str | None = None  # sdpa | eager | flex; None = the model's current implementation
+    max_tokens: int = 8192  # buffer size for packed methods (tree-mask, dfs, rightmost)
+    clip_low: float = 0.2  # PPO ε for ratios below 1
+    clip_high: float = 0.2  # PPO ε for ratios above 1 (DAPO's clip-higher uses 0.28)
+    tis_cap: float | None = None  # truncated importance sampling cap C (e.g. 2.0); None = off
+    grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
+    sdcc_lambda: float = 1.0  # weight λ of the KL term
+    sdcc_students: str = "junctions"  # junctions | all (one student per selected call)
+    dp_size: int = 1  # data-parallel ranks whose gradients are averaged (DDP/FSDP); scales the loss
+
+
+@dataclass
+class Denominators:
+    """What one optimizer step divides by, summed over its micro-batches and data-parallel ranks."""
+
+    loss: torch.Tensor  # scalar: the normalization denominator D of the main loss
+    kl: torch.Tensor  # scalar: number of SDCC students (the KL term is a mean over them)
+
+
+@dataclass
+class EngineResult:
+    loss: torch.Tensor  # scalar, detached: the loss this call backpropagated (or would have)
+    logprobs: torch.Tensor  # float32 [N] per batch target (batch.targets order); NaN where lost
+    weight: torch.Tensor  # float32 [N] the weights trained with (0 where the method lost a target)
+    metrics: dict[str, float | torch.Tensor]
+    layout: Layout = field(repr=False)
+    eps_kl: torch.Tensor | None = None  # sdcc: float32 [J] mean per-token KL of each student
+
+
+# --- objectives ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Columns:
+    """Per-target inputs of an objective, on the model's device ([N] each)."""
+
+    advantage: torch.Tensor
+    rollout_logprob: torch.Tensor
+    old_logprob: torch.Tensor | None
+
+    def take(self, idx: torch.Tensor) -> Columns:
+        return Columns(self.advantage[idx], self.rollout_logprob[idx],
+                       None if self.old_logprob is None else self.old_logprob[idx])
+
+
+def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
+    return nll(logprob), {}
+
+
+def _ppo(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
+    old = behaviour_logprob(logprob, cols.old_logprob, cols.rollout_logprob)
+    return ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                    rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
+
+
+def _batch_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
+    return batch.targets.advantage
+
+
+def _grpo_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
+    if np.isnan(batch.reward).any():
+        raise ValueError("grpo needs a reward on every trajectory (Trajectory.reward)")
+    adv = grpo_advantages(torch.from_numpy(batch.reward), torch.from_numpy(batch.group),
+                          scale_by_std=cfg.grpo_scale_by_std)
+    return adv.numpy()[batch.targets.trajectory]
+
+
+@dataclass(frozen=True)
+class Objective:
+    per_target: Callable  # (logprob [M], Columns, EngineConfig) -> (loss [M], stats {name: [M]})
+    advantage: Callable[[Batch, EngineConfig], np.ndarray] = _batch_advantage
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "nll": Objective(_nll),  # SFT: masked negative log-likelihood
+    "ppo": Objective(_ppo),  # PPO-clip with the advantages on the targets table
+    "grpo": Objective(_ppo, _grpo_advantage),  # PPO-clip with group-relative advantages from rewards
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    backward: str  # "each": backward after every forward (gradients accumulate) | "once": one backward
+    kl: bool = False  # SDCC: λ · mean KL(teacher ‖ student) is added to the loss
+
+
+METHODS: dict[str, Method] = {
+    "per-call": Method("each"),
+    "logit-tree": Method("each"),
+    "tree-mask": Method("each"),
+    "dfs": Method("each"),
+    "rightmost": Method("each"),
+    "sdcc": Method("once", kl=True),
+}
+assert set(METHODS) == set(LAYOUTS)
+
+
+def _lookup(table: dict, name: str, what: str):
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; valid: {sorted(table)}") from None
+
+
+def get_method(name: str) -> Method:
+    return _lookup(METHODS, name, "method")
+
+
+def get_objective(name: str) -> Objective:
+    return _lookup(OBJECTIVES, name, "objective")
+
+
+# --- denominators ----------------------------------------------------------------------------------
+
+
+def layout_for(batch: Batch, cfg: EngineConfig) -> Layout:
+    get_method(cfg.method)
+    kw = {"students": cfg.sdcc_students} if cfg.method == "sdcc" else {}
+    return build_layout(batch, cfg.method, cfg.max_tokens, **kw)
+
+
+def _local_denominators(batch: Batch, layout: Layout, cfg: EngineConfig):
+    tg = batch.targets
+    coef, d = normalize(torch.from_numpy(layout.weight), torch.from_numpy(tg.call), torch.from_numpy(tg.trajectory),
+                        cfg.normalization)
+    return coef, d, torch.tensor(float(len(np.unique(layout.kl_call))))
+
+
+def step_denominators(batches: Sequence[Batch], cfg: EngineConfig, group=None) -> Denominators:
+    """Denominators of one optimizer step: every micro-batch this rank runs, all-reduced over ranks.
+
+    Call on every rank with its own micro-batches, then pass the result to each :func:`run`.
+    """
+    loss, kl = [], []
+    for b in batches:
+        _, d, k = _local_denominators(b, layout_for(b, cfg), cfg)
+        loss.append(d)
+        kl.append(k)
+    return Denominators(reduce_denominator(loss, group), reduce_denominator(kl, group))
+
+
+# --- the entry point --------------------------------------------------------------------------------
+
+
+def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool = True,
+        denominators: Denominators | None = None) -> EngineResult:
+    """Run ``cfg.method`` + ``cfg.objective`` on ``model`` for ``batch``.
+
+    With ``backward=True`` gradients are accumulated into ``model``'s parameters (``.grad``), by one
+    backward per forward (methods with ``backward="each"``) or one in all (``sdcc``); the optimizer
+    step is the caller's. With ``backward=False`` nothing is differentiated (evaluation).
+    ``denominators`` come from :func:`step_denominators` over every micro-batch of the step; when
+    omitted, this batch is the whole step (all-reduced over ranks when torch.distributed is up).
+    """
+    cfg = cfg or EngineConfig()
+    method, objective = get_method(cfg.method), get_objective(cfg.objective)
+    backend: Backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
+    layout = layout_for(batch, cfg)
+    device = model_device(model)
+    tg = batch.targets
+    n = len(tg)
+
+    coef, d_local, k_local = _local_denominators(batch, layout, cfg)
+    if denominators is None:
+        denominators = Denominators(reduce_denominator([d_local]), reduce_denominator([k_local]))
+    coef = coef.to(device)
+    den = denominators.loss.to(device)
+    labels = torch.from_numpy(tg.label).to(device)
+    cols = Columns(
+        advantage=torch.from_numpy(np.asarray(objective.advantage(batch, cfg), dtype=np.float32)).to(device),
+        rollout_logprob=torch.from_numpy(tg.rollout_logprob).to(device),
+        old_logprob=None if batch.old_logprob is None else torch.from_numpy(batch.old_logprob).float().to(device),
+    )
+
+    logprobs = torch.full((n,), float("nan"), device=device)
+    stats: dict[str, torch.Tensor] = {}
+    total = torch.zeros((), device=device)
+    pending = torch.zeros((), device=device)  # graph of a one-backward method
+    teacher: torch.Tensor | None = None  # [J, V] detached teacher log-probabilities (sdcc)
+    kl_rows = torch.zeros(len(layout.kl_call), device=device)
+    grad = torch.enable_grad() if backward else torch.no_grad()
+    with grad:
+        for b, buf in enumerate(layout.buffers):
+            rows = torch.from_numpy(buf.target_row).to(device)
+            logprob, kl_logits = forward_buffer(model, buf, labels[rows], backend)
+            logprobs[rows] = logprob.detach()
+            chunk = torch.zeros((), device=device)
+            if len(rows):
+                per_target, st = objective.per_target(logprob, cols.take(rows), cfg)
+                chunk = aggregate(per_target, coef[rows], den, cfg.dp_size)
+                for k, v in st.items():
+                    stats.setdefault(k, torch.full((n,), float("nan"), device=device))[rows] = v.detach()
+            if kl_logits is not None:
+                k_idx = torch.from_numpy(buf.kl_row).to(device)
+                if b < layout.teacher_buffers:
+                    if teacher is None:
+                        teacher = torch.empty(len(layout.kl_call), kl_logits.shape[-1], device=device)
+                    teacher[k_idx] = torch.log_softmax(kl_logits.detach().float(), -1)  # stop-gradient
+                else:
+                    kl = forward_kl(teacher[k_idx], kl_logits)  # [j] per token
+                    kl_rows = kl_rows.index_put((k_idx,), kl, accumulate=True)
+            if method.backward == "each":
+                if backward and chunk.requires_grad:
+                    with _no_sync(model, last=b == len(layout.buffers) - 1):
+                        chunk.backward()
+                total = total + chunk.detach()
+            else:
+                pending = pending + chunk
+
+        eps_kl = None
+        if method.kl:
+            eps_kl, kl_term = _kl_term(layout, kl_rows, denominators, cfg, device)
+            pending = pending + kl_term
+        if method.backward == "once":
+            if backward and pending.requires_grad:
+                pending.backward()
+            total = pending.detach()
+
+    metrics = _metrics(batch, layout, method, backward, logprobs, stats, eps_kl)
+    metrics["loss"] = total
+    return EngineResult(total, logprobs, torch.from_numpy(layout.weight), metrics, layout, eps_kl)
+
+
+def _kl_term(layout: Layout, kl_rows: torch.Tensor, den: Denominators, cfg: EngineConfig, device):
+    """eps_kl per student (mean per-token KL) and the loss term λ · Σ_j eps_j / J · dp_size."""
+    if not len(layout.kl_call):
+        return torch.zeros(0, device=device), torch.zeros((), device=device)
+    uniq, inv = np.unique(layout.kl_call, return_inverse=True)
+    inv = torch.from_numpy(inv).to(device)
+    counts = torch.zeros(len(uniq), device=device).index_add_(0, inv, torch.ones_like(kl_rows))
+    eps = torch.zeros(len(uniq), device=device).index_add(0, inv, kl_rows) / counts  # mean KL per student
+    term = cfg.sdcc_lambda * eps.sum() / den.kl.to(device=device, dtype=eps.dtype).clamp(min=1) * cfg.dp_size  # λ · mean_j KL_j
+    return eps.detach(), term
+
+
+def _no_sync(model, last: bool):
+    """Under DDP, only the last backward of a micro-batch all-reduces (the earlier ones accumulate)."""
+    if not last and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _metrics(batch: Batch, layout: Layout, method: Method, backward: bool, logprobs: torch.Tensor,
+             stats: dict[str, torch.Tensor], eps_kl: torch.Tensor | None) -> dict:
+    passes = len(layout.buffers)
+    out: dict = {
+        "forwards": passes,
+        "backwards": 0 if not backward else (passes if method.backward == "each" else int(passes > 0)),
+        "tokens": layout.tokens,
+        "buffers": passes,
+        "targets": len(batch.targets),
+        "lost_targets": int(layout.lost.sum()),
+    }
+    trained = torch.from_numpy(layout.weight > 0).to(logprobs.device)
+    for k, v in stats.items():
+        ok = trained & torch.isfinite(v)
+        out[f"mean_{k}"] = torch.where(ok, v, torch.zeros_like(v)).sum() / ok.sum()
+    if np.isfinite(batch.targets.rollout_logprob).any():
+        rollout = torch.from_numpy(batch.targets.rollout_logprob).to(logprobs.device)
+        out.update(gap_metrics(logprobs, rollout, torch.from_numpy(batch.targets.call).to(logprobs.device)))
+    if eps_kl is not None:
+        out["students"] = len(eps_kl)
+        out["unmatched_calls"] = len(layout.unmatched_calls)
+        if len(eps_kl):
+            mean, mx = eps_kl.mean(), eps_kl.max()
+            out.update(eps_kl_mean=mean, eps_kl_max=mx, tv_bound=torch.sqrt(mean / 2), tv_bound_max=torch.sqrt(mx / 2))
+        else:
+            zero = torch.zeros((), device=eps_kl.device)
+            out.update(eps_kl_mean=zero, eps_kl_max=zero, tv_bound=zero, tv_bound_max=zero)
+    return out

@@ -1,0 +1,82 @@
+"""The full view of a trajectory: the uncompressed chronological transcript (DESIGN.md, SDCC).
+
+Every message in order of first appearance across the calls' contexts and responses, compression
+artifacts (``author == "harness"``) removed, each response placed once, rendered as one conversation.
+Each selected response is then located in it, so a call's targets can be read off the full view.
+
+>>> messages = full_view_messages(traj)                       # doctest: +SKIP
+>>> view = build_full_view(rendered_traj, renderer)           # doctest: +SKIP
+>>> view.response_start[3]   # full-view position of call 3's first response token   # doctest: +SKIP
+517
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memorywalker.records.schema import Message, Trajectory
+from memorywalker.render.render import RenderedTrajectory, Renderer, tools_to_hf
+
+
+@dataclass
+class FullView:
+    token_ids: np.ndarray  # int64 [F]
+    response_start: dict[int, int]  # call index -> full-view position of its first response token
+    unmatched: list[int] = field(default_factory=list)  # call indices whose response was not found
+
+
+def full_view_messages(traj: Trajectory) -> list[Message]:
+    """Messages in order of first appearance, artifacts removed, each response once."""
+    table = traj.message_table()
+    seen: set[str] = set()
+    out: list[Message] = []
+    for call in traj.calls:
+        for mid in (*call.context, call.response):
+            m = table[mid]
+            if mid in seen or m.is_artifact:
+                continue
+            seen.add(mid)
+            out.append(m)
+    return out
+
+
+def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
+    """Render the full view and find where each call with targets has its response tokens.
+
+    A response is located as the exact run of its rendered tokens inside its message's token span
+    (so the labels are identical in ``S_t`` and in the full view); a call whose response renders
+    differently there (e.g. a template that drops reasoning of earlier turns) is listed as unmatched.
+    """
+    traj = rt.trajectory
+    messages = full_view_messages(traj)
+    ids, _, spans = renderer.render_messages(messages, tools_to_hf(traj, None))
+    ids = np.asarray(ids, dtype=np.int64)
+    span_of = {m.id: s for m, s in zip(messages, spans, strict=True)}
+    start: dict[int, int] = {}
+    unmatched: list[int] = []
+    for rc in rt.calls:
+        if not rc.targets:
+            continue
+        run = np.asarray(rc.tokens[rc.prompt_len: max(rc.targets) + 1], dtype=np.int64)
+        a, b = span_of[traj.calls[rc.index].response]
+        hit = find_run(ids[a: max(b, a + len(run))], run)
+        if hit is None or a + hit == 0:
+            unmatched.append(rc.index)
+        else:
+            start[rc.index] = a + hit
+    return FullView(ids, start, unmatched)
+
+
+def find_run(hay: np.ndarray, run: np.ndarray, allowed: np.ndarray | None = None) -> int | None:
+    """First index ``i`` with ``hay[i:i+len(run)] == run`` (and ``allowed`` true on the whole window)."""
+    m = len(run)
+    if m == 0 or len(hay) < m:
+        return None
+    win = np.lib.stride_tricks.sliding_window_view(hay, m)
+    ok = (win == run[None, :]).all(axis=1)
+    if allowed is not None:
+        ok &= np.lib.stride_tricks.sliding_window_view(allowed, m).all(axis=1)
+    hits = np.flatnonzero(ok)
+    return int(hits[0]) if len(hits) else None

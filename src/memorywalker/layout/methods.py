@@ -1,0 +1,242 @@
+"""Buffers per method (DESIGN.md, "Exact definitions"): which tokens each forward sees, where each
+target's logits come from, and which targets a method cannot supervise.
+
+=============  ==============================================================  =====================
+method         pieces                                                           buffers
+=============  ==============================================================  =====================
+per-call       each call's ``S_t`` (root path of its last token), causal        one per call
+logit-tree     each segment's longest path (its last call's ``S_t``), causal     one per segment
+tree-mask      the whole tree, ancestor mask, position id = depth               packed to max_tokens
+dfs            the whole tree's tokens in DFS order, causal, positions 0..n-1   packed to max_tokens
+rightmost      each trajectory's last ``S_T``, causal; targets found in it      packed to max_tokens
+sdcc           full views (main loss) then each junction's ``S_t`` (students)   one per piece
+=============  ==============================================================  =====================
+
+In every exact layout the target at tree position ``p`` is predicted from the position holding its
+tree parent; ``dfs`` shifts labels inside the buffer (``p - 1``) as a naive pipeline does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memorywalker.layout.batch import Batch
+from memorywalker.layout.buffers import Buffer, Piece, one_per_buffer, pack
+from memorywalker.layout.fullview import FullView, build_full_view, find_run
+from memorywalker.render.render import ROLE_ID
+
+
+@dataclass
+class Layout:
+    method: str
+    buffers: list[Buffer]  # one forward each, in this order
+    weight: np.ndarray  # float32 [N] target weights the method trains with (0 where a target is lost)
+    lost: np.ndarray  # bool [N] targets the method cannot supervise
+    teacher_buffers: int = 0  # sdcc: buffers[:teacher_buffers] are full views, the rest students
+    kl_call: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # int64 [J] batch call per KL row
+    unmatched_calls: list[int] = field(default_factory=list)  # sdcc: batch calls missing from the full view
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(b) for b in self.buffers))
+
+
+def _rows_by_call(batch: Batch) -> dict[int, np.ndarray]:
+    calls = batch.targets.call
+    order = np.argsort(calls, kind="stable")
+    bounds = np.flatnonzero(np.diff(calls[order])) + 1
+    return {int(calls[g[0]]): g for g in np.split(order, bounds) if len(g)}
+
+
+def _layout(batch: Batch, method: str, buffers: list[Buffer], lost: np.ndarray | None = None, **kw) -> Layout:
+    lost = np.zeros(len(batch.targets), dtype=bool) if lost is None else lost
+    weight = np.where(lost, 0.0, batch.targets.weight).astype(np.float32)
+    return Layout(method, buffers, weight, lost, **kw)
+
+
+def per_call_layout(batch: Batch, max_tokens: int) -> Layout:
+    """One causal forward per call over its own ``S_t`` (the reference)."""
+    pos = batch.targets.position
+    pieces = []
+    for c, rows in _rows_by_call(batch).items():
+        tree = batch.trees[batch.call_tree[c]]
+        path = tree.root_path(batch.calls[c].end)
+        pieces.append(Piece.chain(tree.token_ids[path], target_row=rows, target_pred=tree.depth[pos[rows]] - 1))
+    return _layout(batch, "per-call", one_per_buffer(pieces))
+
+
+def logit_tree_layout(batch: Batch, max_tokens: int) -> Layout:
+    """One causal forward per segment, over its last (longest) call's ``S_t``: each earlier call of the
+    segment is a prefix of it, so its targets are read off the same forward."""
+    pos = batch.targets.position
+    by_call = _rows_by_call(batch)
+    segments: dict[tuple[int, int, int], list[int]] = {}  # (tree, trajectory, segment) -> batch calls
+    for g, c in enumerate(batch.calls):
+        segments.setdefault((int(batch.call_tree[g]), c.trajectory, c.segment), []).append(g)
+    pieces = []
+    for (i, _, _), gcalls in segments.items():
+        rows = [by_call[g] for g in gcalls if g in by_call]
+        if not rows:
+            continue
+        rows = np.concatenate(rows)
+        tree = batch.trees[i]
+        path = tree.root_path(batch.calls[gcalls[-1]].end)
+        pieces.append(Piece.chain(tree.token_ids[path], target_row=rows, target_pred=tree.depth[pos[rows]] - 1))
+    return _layout(batch, "logit-tree", one_per_buffer(pieces))
+
+
+def _trajectory_calls(batch: Batch, i: int) -> list[list[int]]:
+    """Batch call rows of each trajectory of tree ``i``, in call order."""
+    tree = batch.trees[i]
+    out: list[list[int]] = [[] for _ in tree.trajectory_ids]
+    for j, c in enumerate(tree.calls):
+        out[c.trajectory].append(int(batch.call_offset[i]) + j)
+    return out
+
+
+def _tree_rows(batch: Batch, i: int) -> np.ndarray:
+    return np.flatnonzero(batch.target_tree == i)
+
+
+def tree_mask_layout(batch: Batch, max_tokens: int) -> Layout:
+    """Each tree once, ancestor mask, position id = depth; trees packed into buffers of ``max_tokens``."""
+    pos = batch.targets.position
+    pieces = []
+    for i, tree in enumerate(batch.trees):
+        rows = _tree_rows(batch, i)
+        pieces.append(Piece(tree.token_ids, tree.depth, tree.tout, target_row=rows, target_pred=tree.parent[pos[rows]]))
+    return _layout(batch, "tree-mask", pack(pieces, max_tokens))
+
+
+def dfs_layout(batch: Batch, max_tokens: int) -> Layout:
+    """Naive depth-first replay: the trie's tokens in DFS order under a plain causal mask, positions
+    0..n-1, each label predicted by the previous buffer position. After a branch, tokens see the
+    sibling branch (content the deployed model no longer saw)."""
+    pos = batch.targets.position
+    pieces = []
+    for i, tree in enumerate(batch.trees):
+        rows = _tree_rows(batch, i)
+        pieces.append(Piece.chain(tree.token_ids, target_row=rows, target_pred=pos[rows] - 1))
+    return _layout(batch, "dfs", pack(pieces, max_tokens))
+
+
+def rightmost_layout(batch: Batch, max_tokens: int) -> Layout:
+    """Naive final-context training: each trajectory's last ``S_T`` with assistant-only loss.
+
+    A call's response is supervised where it is found in ``S_T``: at its own tree positions when they
+    lie on the final path, else as the same token run inside an assistant span of ``S_T`` (a response
+    kept after a compression, now conditioned on what was written after it). Responses that are not
+    in ``S_T`` (evicted) are lost.
+    """
+    pos = batch.targets.position
+    by_call = _rows_by_call(batch)
+    lost = np.zeros(len(batch.targets), dtype=bool)
+    pieces = []
+    for i, tree in enumerate(batch.trees):
+        for gcalls in _trajectory_calls(batch, i):
+            end = batch.calls[gcalls[-1]].end
+            path = tree.root_path(end)
+            assistant = tree.role[path] == ROLE_ID["assistant"]
+            tokens = tree.token_ids[path]
+            rows_all, preds, cursor = [], [], 0
+            for g in gcalls:
+                rows = by_call.get(g)
+                if rows is None:
+                    continue
+                p = pos[rows]
+                if np.all((p <= end) & (end < tree.tout[p])):  # on the final path: same positions
+                    rows_all.append(rows)
+                    preds.append(tree.depth[p] - 1)
+                    continue
+                run = tree.token_ids[p]
+                hit = find_run(tokens[cursor:], run, assistant[cursor:])
+                start = None if hit is None else cursor + hit
+                if start is None:
+                    start = find_run(tokens, run, assistant)
+                if start is None or start == 0:
+                    lost[rows] = True
+                    continue
+                rows_all.append(rows)
+                preds.append(start + np.arange(len(rows)) - 1)
+                cursor = start + len(rows)
+            if rows_all:
+                pieces.append(Piece.chain(tokens, target_row=np.concatenate(rows_all),
+                                          target_pred=np.concatenate(preds)))
+    return _layout(batch, "rightmost", pack(pieces, max_tokens), lost)
+
+
+def full_views(batch: Batch) -> list[list[FullView]]:
+    """The full view of every trajectory (per tree), built once per batch."""
+    if batch.rendered is None or batch.renderer is None:
+        raise ValueError("sdcc needs the full view: build the batch with Batch.from_groups(groups, renderer=renderer)")
+    if batch.full_view_cache is None:
+        batch.full_view_cache = [[build_full_view(rt, batch.renderer) for rt in g] for g in batch.rendered]
+    return batch.full_view_cache
+
+
+def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> Layout:
+    """Full views carry the main targets and the teacher rows; one student piece per junction call
+    (``students="all"``: per selected call) carries the same response tokens on its compressed ``S_t``.
+
+    KL pairing row ``k`` is the same response token in a full view (teacher) and in a student.
+    """
+    if students not in ("junctions", "all"):
+        raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
+    pos = batch.targets.position
+    by_call = _rows_by_call(batch)
+    views = full_views(batch)
+    lost = np.zeros(len(batch.targets), dtype=bool)
+    teachers, student_pieces, kl_call, unmatched = [], [], [], []
+    for i, tree in enumerate(batch.trees):
+        for view, gcalls in zip(views[i], _trajectory_calls(batch, i), strict=True):
+            rows_all, preds, kl_rows, kl_preds = [], [], [], []
+            for g in gcalls:
+                c = batch.calls[g]
+                rows = by_call.get(g)
+                if rows is None:
+                    continue
+                start = view.response_start.get(c.index)
+                if start is None:
+                    lost[rows] = True
+                    unmatched.append(g)
+                    continue
+                pred = start + tree.depth[pos[rows]] - c.prompt_len - 1  # chain: parent = previous token
+                rows_all.append(rows)
+                preds.append(pred)
+                if c.junction or students == "all":
+                    k = len(kl_call) + np.arange(len(rows))
+                    kl_call.extend([g] * len(rows))
+                    kl_rows.append(k)
+                    kl_preds.append(pred)
+                    path = tree.root_path(c.end)
+                    student_pieces.append(Piece.chain(tree.token_ids[path], kl_row=k,
+                                                      kl_pred=tree.depth[pos[rows]] - 1))
+            if rows_all:
+                cat = np.concatenate
+                kl = dict(kl_row=cat(kl_rows), kl_pred=cat(kl_preds)) if kl_rows else {}
+                teachers.append(Piece.chain(view.token_ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
+    buffers = one_per_buffer(teachers) + one_per_buffer(student_pieces)
+    return _layout(batch, "sdcc", buffers, lost, teacher_buffers=len(teachers),
+                   kl_call=np.asarray(kl_call, dtype=np.int64), unmatched_calls=unmatched)
+
+
+LAYOUTS: dict[str, Callable[..., Layout]] = {
+    "per-call": per_call_layout,
+    "logit-tree": logit_tree_layout,
+    "tree-mask": tree_mask_layout,
+    "dfs": dfs_layout,
+    "rightmost": rightmost_layout,
+    "sdcc": sdcc_layout,
+}
+
+
+def build_layout(batch: Batch, method: str, max_tokens: int = 8192, **kw) -> Layout:
+    """The buffers ``method`` runs on; raises listing the valid method names."""
+    try:
+        fn = LAYOUTS[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; valid: {sorted(LAYOUTS)}") from None
+    return fn(batch, max_tokens, **kw)

@@ -1,0 +1,61 @@
+"""Rollouts under compression: environments, the web-search world and suites, harness compression
+policies, policy backends, and the recording loop that writes trajectory schema v1."""
+
+from memorywalker.rollout.compress import (
+    COMPRESSORS,
+    Compressor,
+    apply_eviction,
+    make_compressor,
+    replay_contexts,
+)
+from memorywalker.rollout.env import Environment, StepResult, exact_match, normalize_answer, split_of
+from memorywalker.rollout.expert import ExpertPolicy
+from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
+from memorywalker.rollout.parse import parse_response
+from memorywalker.rollout.policies import (
+    HFPolicy,
+    OpenAIPolicy,
+    Policy,
+    PolicyOutput,
+    PolicyRequest,
+    make_policy,
+)
+from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
+from memorywalker.rollout.suites import SUITES, make_task
+from memorywalker.rollout.websearch import WebSearchEnv
+from memorywalker.rollout.world import World
+
+ENVIRONMENTS = {"websearch": WebSearchEnv}
+
+__all__ = [
+    "COMPRESSORS",
+    "ENVIRONMENTS",
+    "SUITES",
+    "Compressor",
+    "Environment",
+    "Episode",
+    "ExpertPolicy",
+    "HFPolicy",
+    "HarnessConfig",
+    "OpenAIPolicy",
+    "Policy",
+    "PolicyOutput",
+    "PolicyRequest",
+    "RolloutSummary",
+    "StepResult",
+    "WebSearchEnv",
+    "World",
+    "apply_eviction",
+    "exact_match",
+    "make_compressor",
+    "make_policy",
+    "make_task",
+    "normalize_answer",
+    "parse_response",
+    "plan",
+    "replay_contexts",
+    "rollout",
+    "run_episode",
+    "scan_existing",
+    "split_of",
+]

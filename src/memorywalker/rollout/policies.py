@@ -1,0 +1,251 @@
+"""Policy backends: who writes the responses of a rollout.
+
+* ``expert`` — the scripted solver of :mod:`memorywalker.rollout.expert`; returns a structured message
+  that the harness renders with the chat template, so its episodes are ordinary training data.
+* ``hf:DIR`` — a local transformers causal LM. Temperature sampling, per-token rollout logprobs (of
+  the untempered distribution, like vLLM's default ``raw_logprobs``) and their top-k. The KV cache is
+  reused while the context only grows: each call keeps the cached prefix it shares with the new prompt
+  and recomputes the rest, so after an eviction everything past the shared system/task prefix is rebuilt.
+* ``openai:URL`` — an OpenAI-compatible completions endpoint (vLLM, SGLang). The harness sends the
+  rendered prompt as token ids and asks for token ids and logprobs back; see docs/rollouts.md for the
+  server flags.
+
+Every backend receives a :class:`PolicyRequest` whose ``prompt_ids`` are exactly the rendered context
+the harness records as the call's ``context_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from memorywalker.records.schema import Message, Task
+
+PURPOSES = ("act", "summarize", "fold")
+
+
+@dataclass
+class PolicyRequest:
+    prompt_ids: list[int]  # the rendered context, exactly as delivered
+    messages: list[Message]  # the same context as messages
+    tools: list[str]  # names of the tools offered
+    purpose: str  # "act" | "summarize" | "fold"
+    call_index: int
+    seed: int  # per-call sampling seed
+
+
+@dataclass
+class PolicyOutput:
+    """Either a structured ``message`` (scripted policies) or sampled ``token_ids`` (model backends)."""
+
+    message: Message | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str = "stop"  # "stop" | "length"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    name: str
+
+    def start(self, task: Task) -> None:
+        """A new episode begins (reset per-episode state such as the KV cache)."""
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+
+# --- hf ------------------------------------------------------------------------------------------------
+
+class HFPolicy:
+    """Sample from a local causal LM with a reusable KV cache; record per-token logprobs and top-k."""
+
+    name = "hf"
+
+    def __init__(self, model_dir: str, *, temperature: float = 1.0, max_new_tokens: int = 256, top_k: int = 5,
+                 dtype: str = "float32", device: str = "cpu", stop_ids: list[int] | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = str(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+        from memorywalker.render.render import KNOWN_EOT
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        # Stop on the end-of-turn tokens the Renderer recognises (eos + known EOT specials).
+        default_stop = {tok.eos_token_id} | {tok.convert_tokens_to_ids(t) for t in KNOWN_EOT
+                                             if t in tok.all_special_tokens}
+        self.stop_ids = set(stop_ids if stop_ids is not None else default_stop)
+        self.temperature, self.max_new_tokens, self.top_k = temperature, max_new_tokens, top_k
+        self.dtype, self.device = dtype, device
+        self.stats = {"reused_tokens": 0, "computed_tokens": 0, "rebuilds": 0}
+        self._cache = None
+        self._cached: list[int] = []  # token ids whose keys/values are in the cache
+
+    def start(self, task: Task | None = None) -> None:
+        self._cache, self._cached = None, []
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model_dir, "temperature": self.temperature,
+                "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "dtype": self.dtype}
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        return self.generate(request.prompt_ids, seed=request.seed)
+
+    def _prefill(self, prompt: list[int]):
+        """Logits after ``prompt``, reusing the cached prefix it shares with the previous sequence."""
+        import torch
+        from transformers import DynamicCache
+
+        shared = 0
+        for a, b in zip(self._cached, prompt, strict=False):
+            if a != b:
+                break
+            shared += 1
+        shared = min(shared, len(prompt) - 1)  # at least one new token must be fed to get logits
+        if self._cache is None or shared == 0:
+            self._cache, shared = DynamicCache(config=self.model.config), 0
+            self.stats["rebuilds"] += 1
+        elif shared < len(self._cached):
+            # The context was rewritten (eviction): drop the stale suffix. Transformers 5 takes the
+            # number of tokens to remove, as a negative count.
+            self._cache.crop(shared - self._cache.get_seq_length())
+            self.stats["rebuilds"] += 1
+        self.stats["reused_tokens"] += shared
+        self.stats["computed_tokens"] += len(prompt) - shared
+        ids = torch.tensor([prompt[shared:]], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+        self._cached = list(prompt)
+        return out.logits[0, -1]
+
+    @staticmethod
+    def _sample(logits, temperature: float, generator):
+        import torch
+
+        if temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def generate(self, prompt: list[int], *, seed: int, max_new_tokens: int | None = None) -> PolicyOutput:
+        import torch
+
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        limit = max_new_tokens or self.max_new_tokens
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        finish = "length"
+        with torch.no_grad():
+            logits = self._prefill(prompt)
+            while len(tokens) < limit:
+                lp = torch.log_softmax(logits.float(), dim=-1)  # rollout logprobs: untempered distribution
+                tok = self._sample(logits, self.temperature, gen)
+                tokens.append(tok)
+                logprobs.append(float(lp[tok]))
+                values, idx = torch.topk(lp, self.top_k)
+                tops.append([(int(i), float(v)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)])
+                if tok in self.stop_ids:
+                    finish = "stop"
+                    break
+                if len(tokens) == limit:
+                    break
+                out = self.model(input_ids=torch.tensor([[tok]], device=self.device),
+                                 past_key_values=self._cache, use_cache=True)
+                self._cached.append(tok)
+                logits = out.logits[0, -1]
+        return PolicyOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=tops, finish_reason=finish)
+
+
+# --- openai-compatible endpoint -----------------------------------------------------------------------
+
+class OpenAIPolicy:
+    """Call ``POST {url}/v1/completions`` with the prompt as token ids; read token ids and logprobs back.
+
+    Request fields beyond the OpenAI spec are the vLLM ones (``return_token_ids``,
+    ``return_tokens_as_token_ids``, ``skip_special_tokens``); servers ignore fields they do not know.
+    Token ids are taken from ``choices[0].token_ids`` (vLLM ``return_token_ids``), else from
+    ``logprobs.tokens`` entries of the form ``token_id:N`` (vLLM ``--return-tokens-as-token-ids``).
+    """
+
+    name = "openai"
+
+    def __init__(self, url: str, *, model: str = "default", temperature: float = 1.0, max_new_tokens: int = 256,
+                 top_k: int = 5, timeout: float = 120.0, stop_ids: list[int] | None = None, api_key: str | None = None):
+        url = url.rstrip("/")
+        self.url = url if url.endswith("/v1") else url + "/v1"
+        self.model, self.temperature, self.max_new_tokens = model, temperature, max_new_tokens
+        self.top_k, self.timeout, self.stop_ids, self.api_key = top_k, timeout, stop_ids, api_key
+
+    def start(self, task: Task | None = None) -> None:
+        pass
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "model": self.model, "temperature": self.temperature,
+                "max_new_tokens": self.max_new_tokens, "top_k": self.top_k}
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        body = {"model": self.model, "prompt": list(request.prompt_ids), "max_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "seed": request.seed, "logprobs": self.top_k,
+                "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+        if self.stop_ids is not None:
+            body["stop_token_ids"] = list(self.stop_ids)
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url + "/completions", data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            data = json.loads(resp.read())
+        return parse_completion(data)
+
+
+def _token_id(token: str) -> int:
+    if not token.startswith("token_id:"):
+        raise ValueError(f"server returned token {token!r}, not 'token_id:N': start vLLM with "
+                         "--return-tokens-as-token-ids or use a server that returns choices[].token_ids")
+    return int(token.split(":", 1)[1])
+
+
+def parse_completion(data: dict[str, Any]) -> PolicyOutput:
+    """Token ids, logprobs and top-k of ``choices[0]`` of an OpenAI completions response.
+
+    >>> parse_completion({"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [5, 2],
+    ...     "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.1],
+    ...                  "top_logprobs": [{"token_id:5": -0.5}, {"token_id:2": -0.1}]}}]}).token_ids
+    [5, 2]
+    """
+    choice = data["choices"][0]
+    lp = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = [_token_id(t) for t in lp.get("tokens", [])]
+    logprobs = lp.get("token_logprobs")
+    tops = None
+    if lp.get("top_logprobs") is not None:
+        tops = [sorted(((_token_id(t), float(v)) for t, v in row.items()), key=lambda x: -x[1])
+                for row in lp["top_logprobs"]]
+    finish = choice.get("finish_reason") or "stop"
+    return PolicyOutput(token_ids=[int(i) for i in ids],
+                        logprobs=[float(x) for x in logprobs] if logprobs is not None else None,
+                        top_logprobs=tops, finish_reason="length" if finish == "length" else "stop",
+                        meta={"server_finish_reason": finish})
+
+
+# --- lookup --------------------------------------------------------------------------------------------
+
+def make_policy(spec: str, **kwargs: Any) -> Policy:
+    """``expert`` | ``hf:DIR`` | ``openai:URL`` → a policy. Extra keyword arguments go to its constructor."""
+    from memorywalker.rollout.expert import ExpertPolicy
+
+    kind, _, arg = spec.partition(":")
+    if kind == "expert" and not arg:
+        return ExpertPolicy()
+    if kind == "hf" and arg:
+        return HFPolicy(arg, **kwargs)
+    if kind == "openai" and arg:
+        return OpenAIPolicy(arg, **kwargs)
+    raise ValueError(f"unknown policy {spec!r}; valid: expert, hf:DIR, openai:URL")

@@ -1,0 +1,152 @@
+"""Many episodes to one append-only JSONL file, resumable after a kill.
+
+The episodes of a run are a fixed plan: task ``index`` of the suite (those in ``split``, if given)
+times ``samples`` rollouts each, every episode with its own seed derived from the run seed, the task
+and the sample number. Re-running the same command reads the file, drops a truncated final line (a
+kill mid-write), skips the episodes already written and appends the rest, so an interrupted and resumed
+run writes byte-for-byte what an uninterrupted one writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memorywalker.records.io import TrajectoryWriter
+from memorywalker.records.schema import Task, Trajectory
+from memorywalker.rollout.env import Environment
+from memorywalker.rollout.harness import HarnessConfig, call_seed, run_episode
+from memorywalker.rollout.policies import Policy
+
+
+@dataclass
+class PlannedEpisode:
+    id: str
+    task: Task
+    seed: int
+    sample: int
+
+
+def plan(env: Environment, suite: str, n: int, *, seed: int, harness: str, split: str | None = None,
+         samples: int = 1, start: int = 0) -> list[PlannedEpisode]:
+    """The first ``n`` tasks of ``suite`` (in ``split`` if given) x ``samples`` rollouts each."""
+    out: list[PlannedEpisode] = []
+    index, tasks = start, 0
+    while tasks < n:
+        task = env.task(suite, index)
+        index += 1
+        if split is not None and task.split != split:
+            if index - start > 1000 * (n + 1):
+                raise ValueError(f"no tasks of split {split!r} in suite {suite!r}")
+            continue
+        tasks += 1
+        for j in range(samples):
+            out.append(PlannedEpisode(f"{task.id}-{harness}-s{seed}-r{j}", task, call_seed(seed, task.id, j), j))
+    return out
+
+
+def scan_existing(path: str | os.PathLike) -> tuple[list[str], int]:
+    """Ids of the complete records of ``path`` and the byte length they span.
+
+    A final line without a newline or that does not parse is a write cut off by a kill: it is not
+    counted (the caller truncates the file to the returned length). A bad line elsewhere is an error.
+    """
+    ids: list[str] = []
+    good = 0
+    p = Path(path)
+    if not p.exists():
+        return ids, 0
+    with open(p, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        line = data[pos:] if end < 0 else data[pos:end]
+        try:
+            if end < 0:
+                raise ValueError("no newline")
+            ids.append(json.loads(line)["id"])
+        except (ValueError, KeyError, TypeError) as e:
+            if end < 0 or data.find(b"\n", end + 1) < 0 and not data[end + 1:].strip():
+                break  # the last line: a cut-off write
+            raise ValueError(f"{path}: byte {pos}: a corrupt record that is not the last line ({e})") from None
+        pos = end + 1
+        good = pos
+    return ids, good
+
+
+@dataclass
+class RolloutSummary:
+    written: int = 0
+    skipped: int = 0
+    correct: int = 0
+    evictions: Counter = field(default_factory=Counter)  # number of evictions -> episodes
+    kinds: Counter = field(default_factory=Counter)
+
+    def add(self, traj: Trajectory) -> None:
+        self.written += 1
+        self.correct += int(traj.reward == 1.0)
+        self.evictions[len(traj.evictions)] += 1
+        self.kinds.update(ev.kind for ev in traj.evictions)
+
+    @property
+    def success(self) -> float:
+        return self.correct / self.written if self.written else 0.0
+
+
+def iter_rollouts(env: Environment, episodes: list[PlannedEpisode], policy: Policy, tokenizer,
+                  config: HarnessConfig, *, run_seed: int) -> Iterator[Trajectory]:
+    for e in episodes:
+        yield run_episode(env, e.task, policy, tokenizer, config, seed=e.seed, episode_id=e.id,
+                          meta={"run_seed": run_seed, "sample": e.sample})
+
+
+def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, *, suite: str, n: int,
+            seed: int = 0, split: str | None = None, samples: int = 1, out: str | os.PathLike | None = None,
+            progress: bool = False) -> tuple[list[Trajectory] | None, RolloutSummary]:
+    """Roll out ``n`` tasks of ``suite`` x ``samples``; write them to ``out`` (resuming) or return them.
+
+    Returns ``(trajectories or None when writing to a file, summary of the episodes run now)``.
+    """
+    episodes = plan(env, suite, n, seed=seed, harness=config.name, split=split, samples=samples)
+    summary = RolloutSummary()
+    done: set[str] = set()
+    if out is not None:
+        ids, good = scan_existing(out)
+        planned = {e.id for e in episodes}
+        foreign = [i for i in ids if i not in planned]
+        if foreign:
+            raise ValueError(f"{out} holds episodes of a different run (e.g. {foreign[0]!r}); use another file")
+        if Path(out).exists() and Path(out).stat().st_size != good:
+            with open(out, "r+b") as f:
+                f.truncate(good)
+        done = set(ids)
+        summary.skipped = len(done)
+    todo = [e for e in episodes if e.id not in done]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(episodes), initial=len(done), desc=f"{suite}/{config.name}", unit="ep")
+    trajs: list[Trajectory] = []
+    writer = TrajectoryWriter(out, mode="a") if out is not None else None
+    try:
+        for traj in iter_rollouts(env, todo, policy, tokenizer, config, run_seed=seed):
+            summary.add(traj)
+            if writer is not None:
+                writer.write(traj)
+            else:
+                trajs.append(traj)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(success=f"{summary.success:.2f}")
+    finally:
+        if writer is not None:
+            writer.close()
+        if bar is not None:
+            bar.close()
+    return (None if writer is not None else trajs), summary

@@ -19,10 +19,11 @@ terminator. Context tokens are never targets.
 
 from __future__ import annotations
 
-import bisect
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 from memorywalker.records.schema import Call, Message, Trajectory
 
@@ -128,6 +129,12 @@ class Renderer:
             if s in vocab and s in tokenizer.all_special_tokens + list(self.options.eot_tokens):
                 eot.add(vocab[s])
         self.eot_ids = frozenset(eot)
+        # Special added tokens that absorb no neighbouring whitespace: the input is split at them
+        # before any other tokenization step, so they are safe points to resume tokenizing from.
+        self.split_tokens = {
+            i: len(t.content) for i, t in tokenizer.added_tokens_decoder.items()
+            if t.special and not t.lstrip and not t.rstrip
+        }
 
     # --- text level -------------------------------------------------------------------------------
 
@@ -136,36 +143,79 @@ class Renderer:
             messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
 
-    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    def _encode(self, text: str) -> tuple[list[int], np.ndarray]:
+        """Token ids and the start character of each token."""
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        offsets = enc["offset_mapping"]
+        return list(enc["input_ids"]), np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
+
+    def _encode_prompt(self, text: str, cache: _TrajectoryCache) -> tuple[list[int], np.ndarray]:
+        """Tokenize a prompt, reusing the tokens of an earlier prompt that is a prefix of it.
+
+        Tokenizers split the input at added tokens (``<|im_start|>``, ...) before anything else, so
+        the tokens of ``text`` up to the end of an added token do not depend on what follows it; only
+        the text after the last such token of the cached prefix is tokenized again. This keeps
+        rendering a long session linear in its unique tokens rather than in Σ|S_t|.
+        """
+        out = None
+        for prev_text, prev_ids, prev_starts in reversed(cache.prompts):
+            if len(prev_text) <= len(text) and text.startswith(prev_text):
+                cut = self._last_split_point(prev_ids, prev_starts)
+                if cut is not None:
+                    n_keep, char = cut
+                    ids, starts = self._encode(text[char:])
+                    out = (prev_ids[:n_keep] + ids, np.concatenate([prev_starts[:n_keep], starts + char]))
+                break
+        if out is None:
+            out = self._encode(text)
+        cache.prompts.append((text, *out))
+        del cache.prompts[:-4]  # the last few prompts are the only likely prefixes
+        return out
+
+    def _last_split_point(self, ids: list[int], starts: np.ndarray) -> tuple[int, int] | None:
+        """(tokens to keep, character) right after the last special added token in ``ids``."""
+        for j in range(len(ids) - 1, -1, -1):
+            length = self.split_tokens.get(ids[j])
+            if length is not None:
+                return j + 1, int(starts[j]) + length
+        return None
 
     def message_spans(
-        self, messages: list[Message], tools, prompt_text: str, memo: dict | None = None
+        self, messages: list[Message], tools, prompt_text: str, cache: _TrajectoryCache | None = None
     ) -> tuple[list[tuple[int, int]], str]:
         """Character span of each message inside ``prompt_text`` and how it was found.
 
         Incremental rendering: message i spans ``[len(render(m[:i])), len(render(m[:i+1])))``. It is
         verified that every rendering extends the previous one and the last is a prefix of the prompt.
+        Renderings of a prefix depend only on that prefix (and the tools), so the prefix shared with
+        the previous call of the trajectory is taken from the cache.
         """
-        # Renderings depend on the tools offered too; calls of one trajectory may offer different ones.
-        memo = ({} if memo is None else memo).setdefault(json.dumps(tools, sort_keys=True), {})
-        hf = [message_to_hf(m) for m in messages]
-        ends, prev = [], ""
+        cache = cache or _TrajectoryCache()
+        hf = [cache.hf(m) for m in messages]
+        ids = [m.id for m in messages]
+        key = json.dumps(tools, sort_keys=True)
+        prev_ids, prev_ends, prev_texts = cache.spans.get(key, ([], [], {}))
+        lcp = 0
+        for a, b in zip(ids, prev_ids, strict=False):
+            if a != b:
+                break
+            lcp += 1
+        ends = list(prev_ends[:lcp])
         try:
-            for i in range(1, len(messages) + 1):
-                key = tuple(m.id for m in messages[:i])
-                text = memo.get(key)
-                if text is None:
-                    text = memo[key] = self._apply(hf[:i], tools, generation_prompt=False)
+            prev = "" if lcp == 0 else prev_texts.get(lcp) or self._apply(hf[:lcp], tools, generation_prompt=False)
+            texts = {lcp: prev}
+            for i in range(lcp + 1, len(messages) + 1):
+                text = self._apply(hf[:i], tools, generation_prompt=False)
                 if not text.startswith(prev):
                     raise RenderError(f"rendering message {i - 1} rewrites earlier text")
                 ends.append(len(text))
                 prev = text
+            texts[len(messages)] = prev
             if not prompt_text.startswith(prev):
                 raise RenderError("the context rendering is not a prefix of the prompt")
         except Exception:  # templates may raise on partial conversations; fall back to search
             return self._search_spans(messages, prompt_text), "search"
+        cache.spans[key] = (ids, ends, texts)
         starts = [0, *ends[:-1]]
         return list(zip(starts, ends, strict=True)), "incremental"
 
@@ -183,23 +233,23 @@ class Renderer:
 
     # --- one call ---------------------------------------------------------------------------------
 
-    def render_call(self, traj: Trajectory, index: int, memo: dict | None = None) -> RenderedCall:
+    def render_call(self, traj: Trajectory, index: int, cache: _TrajectoryCache | None = None) -> RenderedCall:
+        cache = cache or _TrajectoryCache(traj)
         call: Call = traj.calls[index]
-        table = traj.message_table()
-        context = [table[mid] for mid in call.context]
-        response = table[call.response]
+        context = [cache.table[mid] for mid in call.context]
+        response = cache.table[call.response]
         tools = tools_to_hf(traj, call.tools)
-        hf_context = [message_to_hf(m) for m in context]
+        hf_context = [cache.hf(m) for m in context]
         prompt_text = self._apply(hf_context, tools, generation_prompt=True)
-        full_text = self._apply([*hf_context, message_to_hf(response)], tools, generation_prompt=False)
+        full_text = self._apply([*hf_context, cache.hf(response)], tools, generation_prompt=False)
         warnings: list[str] = []
 
-        spans, span_method = self.message_spans(context, tools, prompt_text, memo)
+        spans, span_method = self.message_spans(context, tools, prompt_text, cache)
         if span_method == "search":
             warnings.append("incremental rendering failed; spans located by content search")
 
-        prompt_ids, offsets = self._encode(prompt_text)
-        roles = _span_roles(offsets, spans, context)
+        prompt_ids, starts = self._encode_prompt(prompt_text, cache)
+        roles = _span_roles(starts, spans, context)
 
         reason: str | None = None
         if not full_text.startswith(prompt_text):
@@ -281,8 +331,8 @@ class Renderer:
     # --- whole trajectories -----------------------------------------------------------------------
 
     def render(self, traj: Trajectory) -> RenderedTrajectory:
-        memo: dict = {}
-        return RenderedTrajectory(traj, [self.render_call(traj, i, memo) for i in range(len(traj.calls))])
+        cache = _TrajectoryCache(traj)
+        return RenderedTrajectory(traj, [self.render_call(traj, i, cache) for i in range(len(traj.calls))])
 
     def render_messages(self, messages: list[Message], tools) -> tuple[list[int], list[int], list[tuple[int, int]]]:
         """Tokens, role ids and per-message token spans of a plain conversation (no generation prompt).
@@ -291,25 +341,36 @@ class Renderer:
         """
         text = self._apply([message_to_hf(m) for m in messages], tools, generation_prompt=False)
         spans, _ = self.message_spans(messages, tools, text)
-        ids, offsets = self._encode(text)
-        roles = _span_roles(offsets, spans, messages)
-        token_spans = []
-        for start, end in spans:
-            a = next((i for i, o in enumerate(offsets) if o[0] >= start), len(ids))
-            b = next((i for i, o in enumerate(offsets) if o[0] >= end), len(ids))
-            token_spans.append((a, b))
+        ids, starts = self._encode(text)
+        roles = _span_roles(starts, spans, messages)
+        bounds = np.searchsorted(starts, np.asarray(spans, dtype=np.int64).reshape(-1), side="left")
+        token_spans = [(int(a), int(b)) for a, b in bounds.reshape(-1, 2)]
         return ids, roles, token_spans
 
 
-def _span_roles(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], messages: list[Message]) -> list[int]:
+def _span_roles(starts: np.ndarray, spans: list[tuple[int, int]], messages: list[Message]) -> list[int]:
     """Role id of each token: the role of the message span its first character falls in."""
-    starts = [a for a, _ in spans]
-    roles = []
-    for char, _ in offsets:
-        i = bisect.bisect_right(starts, char) - 1
-        if i >= 0 and char < spans[i][1]:
-            m = messages[i]
-            roles.append(ROLE_ID["artifact"] if m.is_artifact else ROLE_ID[m.role])
-        else:
-            roles.append(ROLE_ID["template"])
-    return roles
+    if not spans:
+        return [ROLE_ID["template"]] * len(starts)
+    span_start = np.asarray([a for a, _ in spans], dtype=np.int64)
+    span_end = np.asarray([b for _, b in spans], dtype=np.int64)
+    span_role = np.asarray([ROLE_ID["artifact"] if m.is_artifact else ROLE_ID[m.role] for m in messages])
+    i = np.searchsorted(span_start, starts, side="right") - 1
+    inside = (i >= 0) & (starts < span_end[np.clip(i, 0, None)])
+    return np.where(inside, span_role[np.clip(i, 0, None)], ROLE_ID["template"]).tolist()
+
+
+class _TrajectoryCache:
+    """Per-trajectory memo: message table, HF message dicts, prefix renderings and prompt tokens."""
+
+    def __init__(self, traj: Trajectory | None = None):
+        self.table = traj.message_table() if traj is not None else {}
+        self._hf: dict[str, dict] = {}
+        self.spans: dict[str, tuple[list[str], list[int], dict[int, str]]] = {}
+        self.prompts: list[tuple[str, list[int], np.ndarray]] = []
+
+    def hf(self, m: Message) -> dict[str, Any]:
+        d = self._hf.get(m.id)
+        if d is None:
+            d = self._hf[m.id] = message_to_hf(m)
+        return d

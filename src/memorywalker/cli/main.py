@@ -15,10 +15,11 @@ app = typer.Typer(
 )
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
-from memorywalker.cli import import_cmd, records_cmd  # noqa: E402
+from memorywalker.cli import import_cmd, records_cmd, rollout_cmd  # noqa: E402
 
 import_cmd.register(app)
 records_cmd.register(app)
+rollout_cmd.register(app)
 
 
 def main() -> None:  # pragma: no cover

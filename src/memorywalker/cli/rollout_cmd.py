@@ -1,0 +1,98 @@
+"""``memorywalker rollout``: episodes of an environment suite under a harness compression policy.
+
+    memorywalker rollout --env websearch --suite chain --harness claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
+
+Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
+it stopped, without duplicating or losing episodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rollout")(rollout_cmd)
+
+
+def rollout_cmd(
+    env: str = typer.Option("websearch", "--env", help="environment: websearch"),
+    suite: str = typer.Option(..., "--suite", help="lookup | bridge | chain | comparison | aggregation | navigation | constraint"),
+    harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
+    policy: str = typer.Option("expert", "--policy", help="expert | hf:MODEL_DIR | openai:URL"),
+    n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
+    seed: int = typer.Option(0, "--seed", help="run seed (episode seeds derive from it)"),
+    output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL (appended to; resumable)"),
+    split: str = typer.Option(None, "--split", help="only tasks of this split: train | valid | test"),
+    samples: int = typer.Option(1, "--samples", min=1, help="rollouts per task (a GRPO group)"),
+    budget: int = typer.Option(2048, "--budget", help="context budget in prompt tokens"),
+    watermark: float = typer.Option(0.8, "--watermark", help="compress above watermark * budget"),
+    keep_recent: int = typer.Option(1, "--keep-recent", help="recent steps protected from pruning/folding"),
+    max_steps: int = typer.Option(32, "--max-steps", help="act calls per episode"),
+    max_context: int = typer.Option(8192, "--max-context", help="hard context window in tokens"),
+    world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="HF tokenizer dir (default: the model's, or the kit's for expert)"),
+    temperature: float = typer.Option(1.0, "--temperature", help="hf/openai sampling temperature"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="hf/openai response length limit"),
+    top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
+    model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+) -> None:
+    """Roll out N tasks of a suite with a policy backend under a compression policy; record every call."""
+    from rich.console import Console
+    from rich.table import Table
+    from transformers import AutoTokenizer
+
+    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, SUITES, HarnessConfig, make_policy, rollout
+
+    if env not in ENVIRONMENTS:
+        raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    if suite not in SUITES:
+        raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    if harness not in COMPRESSORS:
+        raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
+    if split not in (None, "train", "valid", "test"):
+        raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test")
+    kind, _, arg = policy.partition(":")
+    kwargs = {}
+    if kind in ("hf", "openai"):
+        kwargs = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k)
+        if kind == "openai":
+            kwargs["model"] = model
+    try:
+        pol = make_policy(policy, **kwargs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if tokenizer is None:
+        if kind == "hf":
+            tokenizer = Path(arg)
+        elif kind == "openai":
+            raise typer.BadParameter("--policy openai:URL needs --tokenizer DIR (the served model's tokenizer)")
+        else:
+            from memorywalker.modelkit import default_kit
+
+            tokenizer = default_kit()[0]
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    config = HarnessConfig(harness, budget=budget, watermark=watermark, keep_recent=keep_recent,
+                           max_steps=max_steps, max_context=max_context)
+    environment = ENVIRONMENTS[env](world_seed=world_seed)
+    try:
+        _, summary = rollout(environment, pol, tok, config, suite=suite, n=n, seed=seed, split=split,
+                             samples=samples, out=output, progress=progress)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+    table = Table(title=f"memorywalker rollout {env}/{suite} · {harness} · {policy}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("episodes written now", str(summary.written))
+    table.add_row("already in file (resumed)", str(summary.skipped))
+    table.add_row("success (written now)", f"{summary.success:.3f}")
+    for k, cnt in sorted(summary.evictions.items()):
+        table.add_row(f"episodes with {k} evictions", str(cnt))
+    for kind_, cnt in sorted(summary.kinds.items()):
+        table.add_row(f"evictions: {kind_}", str(cnt))
+    Console().print(table)
+    typer.echo(f"{output}: {summary.skipped + summary.written} episodes")

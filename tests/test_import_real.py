@@ -42,7 +42,7 @@ def _counts_add_up(result) -> None:
 
 # --- claude code ------------------------------------------------------------------------------------
 
-def test_claude_code_compacted_session(harness_logs):
+def test_claude_code_compacted_session(harness_logs, tokenizer):
     """calls = distinct message.id of main-chain assistant records + those of agent-acompact-*;
     evictions = number of compact_boundary records (1, manual, preTokens from the record)."""
     root = harness_logs / "claude-code"
@@ -84,9 +84,8 @@ def test_claude_code_compacted_session(harness_logs):
                 if isinstance(b, dict) and b.get("name") == "Task"}
     parent = next(c for c in traj.calls if c.id == sub.lineage.parent_call)
     assert {tc.id for tc in table[parent.response].tool_calls} & task_ids
-    # Rendering 218 calls of ~140k-token contexts takes minutes on 2 cores; count segments at the
-    # message level here (the tree-based count is checked on the smaller fixtures below).
     assert _message_segments(traj) == len(traj.evictions) + 1
+    assert _segments(tokenizer, traj) == len(traj.evictions) + 1  # through the tree
     # parallel tool uses: every tool_use of every context has its result placed right after it
     for call in traj.calls:
         ctx = [table[m] for m in call.context]

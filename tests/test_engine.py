@@ -145,3 +145,32 @@ def test_tokenizer_fixture_matches_models(kit):
     """The engine tests' renderer and models come from one kit (same vocabulary)."""
     tok = AutoTokenizer.from_pretrained(kit[0])
     assert load_model(kit[1]).config.vocab_size == len(tok)
+
+
+def test_grpo_objective_through_the_engine(kit, renderer):
+    """A group of 3 rollouts with rewards (1, 0, 0): A = (1.1547, −0.57735, −0.57735) (see
+    test_objectives). On-policy (ratio 1) the token-normalized loss is −Σ_i A_traj(i) / N.
+    With rollout logprobs 2× less likely than the policy's (ρ = 2, ε = 0.2) the loss is
+    −Σ min(2A, 1.2A) / N: clipped to 1.2A where A > 0, 2A where A < 0."""
+    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group
+    from memorywalker.layout import Batch
+
+    group = synthetic_group(SyntheticSpec(turns=3, evictions=1, words=5, seed=30), "g", 3)
+    for t, r in zip(group, (1.0, 0.0, 0.0), strict=True):
+        t.reward = r
+    batch = Batch.from_groups([[renderer.render(t) for t in group]])
+    model = load_model(kit[1])
+    traj = batch.targets.trajectory
+    adv = np.array([2 / 3, -1 / 3, -1 / 3]) / np.sqrt(1 / 3)
+    with one_thread():
+        on = run(model, batch, EngineConfig(method="tree-mask", objective="grpo"), backward=False)
+    assert on.loss.item() == pytest.approx(-adv[traj].mean(), rel=1e-4)
+    assert on.metrics["mean_ratio"].item() == pytest.approx(1.0)
+
+    batch.targets.rollout_logprob[:] = on.logprobs.numpy() - np.log(2.0)
+    with one_thread():
+        off = run(model, batch, EngineConfig(method="tree-mask", objective="grpo"), backward=False)
+    a = adv[traj]
+    assert off.loss.item() == pytest.approx(-np.minimum(2 * a, 1.2 * a).mean(), rel=1e-4)
+    assert off.metrics["mean_clipped"].item() == pytest.approx((a > 0).mean())
+    assert off.metrics["logprob_abs_diff"].item() == pytest.approx(np.log(2.0), rel=1e-5)

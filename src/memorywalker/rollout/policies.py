@@ -16,6 +16,7 @@ the harness records as the call's ``context_tokens``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import urllib.request
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class HFPolicy:
         self.stop_ids = set(stop_ids if stop_ids is not None else default_stop)
         self.temperature, self.max_new_tokens, self.top_k = temperature, max_new_tokens, top_k
         self.dtype, self.device = dtype, device
+        # Transformers 5 renamed ``past_key_values`` to ``cache``; accept both.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.stats = {"reused_tokens": 0, "computed_tokens": 0, "rebuilds": 0}
         self._cache = None
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
@@ -118,9 +122,13 @@ class HFPolicy:
         self.stats["reused_tokens"] += shared
         self.stats["computed_tokens"] += len(prompt) - shared
         ids = torch.tensor([prompt[shared:]], device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+        out = self._forward(ids)
         self._cached = list(prompt)
         return out.logits[0, -1]
+
+    def _forward(self, ids):
+        # logits_to_keep=1: only the last position's logits are needed to sample the next token.
+        return self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache})
 
     @staticmethod
     def _sample(logits, temperature: float, generator):
@@ -154,8 +162,7 @@ class HFPolicy:
                     break
                 if len(tokens) == limit:
                     break
-                out = self.model(input_ids=torch.tensor([[tok]], device=self.device),
-                                 past_key_values=self._cache, use_cache=True)
+                out = self._forward(torch.tensor([[tok]], device=self.device))
                 self._cached.append(tok)
                 logits = out.logits[0, -1]
         return PolicyOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=tops, finish_reason=finish)

@@ -15,11 +15,14 @@ app = typer.Typer(
 )
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
-from memorywalker.cli import import_cmd, records_cmd, rollout_cmd  # noqa: E402
+from memorywalker.cli import bench_cmd, gap_cmd, import_cmd, records_cmd, rollout_cmd, train_cmd  # noqa: E402
 
+bench_cmd.register(app)
+gap_cmd.register(app)
 import_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
+train_cmd.register(app)
 
 
 def main() -> None:  # pragma: no cover

@@ -1,0 +1,77 @@
+"""``memorywalker gap``: the train/rollout gap of each method on recorded rollouts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+DEFAULT_METHODS = ["dfs", "rightmost", "sdcc", "logit-tree", "tree-mask"]
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2e}" if abs(x) < 1e-3 and x != 0 else f"{x:.4f}"
+
+
+def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
+    from memorywalker.metrics.gap import BUCKETS
+
+    table = Table(title=title)
+    for c in ["method", "targets", "logprob_abs_diff", "floor", "heavy (2+)",
+              *[f"K={b}" for b in BUCKETS], "k3_kl", "chi2_token", "log_ppl_abs_diff", "logit_drift"]:
+        table.add_column(c, justify="left" if c == "method" else "right")
+    for m, r in report.items():
+        o = r["overall"]
+        table.add_row(m, str(o["targets"]), _fmt(o["logprob_abs_diff"]), _fmt(r["floor"]["logprob_abs_diff"]),
+                      _fmt(r["heavy"]["logprob_abs_diff"]),
+                      *[_fmt(r["by_evictions"][b]["logprob_abs_diff"]) for b in BUCKETS],
+                      _fmt(o["k3_kl"]), _fmt(o["chi2_token"]), _fmt(o["log_ppl_abs_diff"]), _fmt(o.get("logit_drift")))
+    console.print(table)
+
+
+def gap(
+    model: Path = typer.Option(..., exists=True, file_okay=False, help="Hugging Face causal LM directory."),
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help="Trajectory JSONL with rollout logprobs."),
+    method: list[str] = typer.Option(DEFAULT_METHODS, help="Methods to compare (repeat the option)."),
+    tokenizer: Path | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
+    drift: bool = typer.Option(True, help="Also compute logit drift (full next-token distributions)."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    rejects: Path | None = typer.Option(None, help="Write rejected lines with their reasons here (JSONL)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Per method: logprob_abs_diff, k3_kl, chi2_token, log_ppl_abs_diff and logit drift against the
+    recorded rollout logprobs, overall, by evictions before the call (0, 1, 2, 3+), eviction-heavy
+    (2+) and on the floor (calls before any eviction)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memorywalker.engine import METHODS
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.records import TrajectoryReader
+    from memorywalker.render import Renderer
+
+    unknown = [m for m in method if m not in METHODS]
+    if unknown:
+        raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {sorted(METHODS)}")
+    tok = AutoTokenizer.from_pretrained(tokenizer or model)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok))
+    trajs = [t for t in reader if any(c.rollout_logprobs is not None for c in t.calls)]
+    report = gap_report(lm, Renderer(tok), trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty())
+    out = {"model": str(model), "data": str(data), "read": reader.summary.as_dict(),
+           "trajectories_with_logprobs": len(trajs), "methods": report}
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    print_gap_table(report)
+    console.print(f"{reader.summary}; {len(trajs)} with rollout logprobs")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(gap)

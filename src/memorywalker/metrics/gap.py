@@ -1,0 +1,155 @@
+"""The train/rollout gap of each method on recorded rollouts (DESIGN.md, "Metrics").
+
+For every target with a recorded rollout logprob, a method's trainer logprob is compared with it:
+``logprob_abs_diff``, ``k3_kl``, ``chi2_token`` (per token) and ``log_ppl_abs_diff`` (per call), reported
+overall, by the number of evictions that happened before the target's call (``0``, ``1``, ``2``, ``3+``),
+on the eviction-heavy targets (2 or more evictions before their call) and on the floor (calls before
+any eviction: identical conditioning for every method, so what remains there is numerical noise
+between the rollout engine and the trainer). **Logit drift** is the mean total variation between the
+method's next-token distribution and the deployment distribution (the ``per-call`` conditioning, i.e.
+the context the call really received), over full vocabularies.
+
+>>> report = gap_report(model, renderer, trajectories, ["dfs", "tree-mask"])   # doctest: +SKIP
+>>> report["tree-mask"]["overall"]["logprob_abs_diff"]                         # doctest: +SKIP
+3.1e-07
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from memorywalker.attention.masks import backend_of
+from memorywalker.engine import EngineConfig, layout_for
+from memorywalker.engine.forward import forward_buffer, model_device
+from memorywalker.layout.batch import Batch
+from memorywalker.objectives.metrics import gap_metrics
+from memorywalker.records.schema import Trajectory
+from memorywalker.render.render import Renderer
+
+BUCKETS = ("0", "1", "2", "3+")
+HEAVY = 2  # a target is eviction-heavy when at least this many evictions preceded its call
+
+
+def evictions_before_calls(traj: Trajectory) -> list[int]:
+    """Per call, the number of evictions applied at or before it (white-box records).
+
+    >>> from memorywalker.records import TrajectoryBuilder
+    >>> b = TrajectoryBuilder("t"); s = b.message("system", "s")
+    >>> for _ in range(3): _ = b.call([s], b.message("assistant", "a"))
+    >>> b.eviction("call-1", "summarize", removed=[]); evictions_before_calls(b.build())
+    [0, 1, 1]
+    """
+    index = {c.id: i for i, c in enumerate(traj.calls)}
+    at = np.zeros(len(traj.calls) + 1, dtype=np.int64)
+    for ev in traj.evictions:
+        at[index[ev.before_call]] += 1
+    return np.cumsum(at)[:-1].tolist()
+
+
+def bucket_of(k: int) -> str:
+    return BUCKETS[min(k, 3)]
+
+
+@torch.no_grad()
+def method_outputs(model, batch: Batch, method: str, *, with_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-target trainer logprobs [N] (NaN where the method lost a target) and, if asked, the
+    next-token logits at every target's predicting position [N, V] (NaN rows where lost)."""
+    layout = layout_for(batch, EngineConfig(method=method))
+    backend = backend_of(model)
+    device = model_device(model)
+    labels = torch.from_numpy(batch.targets.label).to(device)
+    n = len(batch.targets)
+    logprobs = torch.full((n,), float("nan"), device=device)
+    logits = None
+    for buf in layout.buffers:
+        if not len(buf.target_row):
+            continue  # e.g. sdcc's student buffers: the trainer's logprobs come from the full view
+        rows = torch.from_numpy(buf.target_row).to(device)
+        # Ask for full distributions at the target positions through the KL channel of the buffer.
+        probe = replace(buf, kl_row=np.arange(len(buf.target_row)), kl_pred=buf.target_pred) if with_logits else buf
+        lp, lg = forward_buffer(model, probe, labels[rows], backend)
+        logprobs[rows] = lp
+        if with_logits:
+            if logits is None:
+                logits = torch.full((n, lg.shape[-1]), float("nan"), device=device)
+            logits[rows] = lg.float()
+    return logprobs, logits
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Total variation per row between softmax(a) and softmax(b): ½ Σ_v |p − q|. [N, V] -> [N]."""
+    return 0.5 * (torch.softmax(a, -1) - torch.softmax(b, -1)).abs().sum(-1)
+
+
+def _summarize(logp: torch.Tensor, rollout: torch.Tensor, call: torch.Tensor, tv: torch.Tensor | None,
+               mask: torch.Tensor) -> dict[str, float | int | None]:
+    ok = mask & torch.isfinite(logp) & torch.isfinite(rollout)
+    out: dict[str, float | int | None] = {"targets": int(ok.sum())}
+    if not ok.any():
+        return {**out, "logprob_abs_diff": None, "k3_kl": None, "chi2_token": None, "log_ppl_abs_diff": None,
+                "logit_drift": None}
+    out.update({k: float(v) for k, v in gap_metrics(logp[ok], rollout[ok], call[ok]).items()})
+    if tv is not None:
+        t = tv[ok & torch.isfinite(tv)]
+        out["logit_drift"] = float(t.mean()) if len(t) else None
+    return out
+
+
+def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
+               drift: bool = True, progress: bool = False) -> dict:
+    """Gap metrics of each method on ``trajectories`` (each its own tree), overall and by evictions.
+
+    Returns ``{method: {"overall", "heavy", "floor", "by_evictions": {"0", "1", "2", "3+"}}}``, each a
+    dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``, ``log_ppl_abs_diff``,
+    ``logit_drift`` (None where there is nothing to compare).
+    """
+    model.eval()
+    rendered = [renderer.render(t) for t in trajectories]
+    per_method: dict[str, dict[str, list]] = {m: {"logp": [], "tv": []} for m in methods}
+    rollout, call, bucket = [], [], []
+    call_base = 0
+    it = range(len(rendered))
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="gap", unit="traj")
+    for i in it:
+        batch = Batch.from_groups([[rendered[i]]], renderer=renderer)
+        tg = batch.targets
+        before = np.asarray(evictions_before_calls(trajectories[i]))
+        call_index = np.asarray([batch.calls[c].index for c in tg.call], dtype=np.int64)
+        rollout.append(torch.from_numpy(tg.rollout_logprob))
+        call.append(torch.from_numpy(tg.call + call_base))
+        bucket.append(torch.from_numpy(before[call_index]) if len(tg) else torch.empty(0, dtype=torch.long))
+        call_base += batch.num_calls
+        ref_logits = None
+        if drift:
+            _, ref_logits = method_outputs(model, batch, "per-call", with_logits=True)
+        for m in methods:
+            lp, lg = method_outputs(model, batch, m, with_logits=drift)
+            per_method[m]["logp"].append(lp.cpu())
+            if drift and lg is not None and ref_logits is not None:
+                per_method[m]["tv"].append(_tv(lg, ref_logits).cpu())
+            elif drift:
+                per_method[m]["tv"].append(torch.full((len(tg),), float("nan")))
+
+    rollout_t = torch.cat(rollout) if rollout else torch.empty(0)
+    call_t = torch.cat(call) if call else torch.empty(0, dtype=torch.long)
+    k = torch.cat(bucket) if bucket else torch.empty(0, dtype=torch.long)
+    report = {}
+    for m in methods:
+        logp = torch.cat(per_method[m]["logp"]) if per_method[m]["logp"] else torch.empty(0)
+        tv = torch.cat(per_method[m]["tv"]) if drift and per_method[m]["tv"] else None
+        everything = torch.ones_like(k, dtype=torch.bool)
+        report[m] = {
+            "overall": _summarize(logp, rollout_t, call_t, tv, everything),
+            "heavy": _summarize(logp, rollout_t, call_t, tv, k >= HEAVY),
+            "floor": _summarize(logp, rollout_t, call_t, tv, k == 0),
+            "by_evictions": {b: _summarize(logp, rollout_t, call_t, tv,
+                                           (k >= 3) if b == "3+" else (k == int(b))) for b in BUCKETS},
+        }
+    return report

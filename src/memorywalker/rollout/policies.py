@@ -68,15 +68,18 @@ class HFPolicy:
     name = "hf"
 
     def __init__(self, model_dir: str, *, temperature: float = 1.0, max_new_tokens: int = 256, top_k: int = 5,
-                 dtype: str = "float32", device: str = "cpu", stop_ids: list[int] | None = None):
+                 dtype: str = "float32", device: str = "cpu", stop_ids: list[int] | None = None,
+                 model=None, tokenizer=None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = str(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+        self.model = model.eval()
         from memorywalker.render.render import KNOWN_EOT
 
-        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
         # Stop on the end-of-turn tokens the Renderer recognises (eos + known EOT specials).
         default_stop = {tok.eos_token_id} | {tok.convert_tokens_to_ids(t) for t in KNOWN_EOT
                                              if t in tok.all_special_tokens}
@@ -89,6 +92,14 @@ class HFPolicy:
         self.stats = {"reused_tokens": 0, "computed_tokens": 0, "rebuilds": 0}
         self._cache = None
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
+
+    @classmethod
+    def from_model(cls, model, tokenizer, **kwargs: Any) -> HFPolicy:
+        """Sample from a model already in memory (e.g. the one a recipe is training): nothing is reloaded,
+        so every episode sees the current weights. Puts ``model`` in eval mode."""
+        param = next(model.parameters())
+        return cls(str(getattr(model, "name_or_path", "") or "in-memory"), model=model, tokenizer=tokenizer,
+                   dtype=str(param.dtype).removeprefix("torch."), device=str(param.device), **kwargs)
 
     def start(self, task: Task | None = None) -> None:
         self._cache, self._cached = None, []

@@ -4,6 +4,7 @@ Layout of ``run_dir``::
 
     checkpoints/step-000040/{model.safetensors, optimizer.pt, state.json, rng.pt}
     checkpoints/latest          # text file naming the newest complete checkpoint
+    final/                      # the trained model as a Hugging Face dir (save_pretrained + tokenizer)
 
 A checkpoint is written to a temporary folder and renamed into place, and ``latest`` is replaced
 atomically afterwards, so a process killed at any instant (SIGKILL included) leaves either the old or
@@ -97,3 +98,32 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return json.loads((path / "state.json").read_text())
+
+
+def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+            ) -> dict[str, Any] | None:
+    """The state of the newest checkpoint of ``run_dir`` after loading it (``resume``), or None for a
+    fresh start. A fresh start into a run dir that already holds checkpoints is refused, so a run is
+    never silently mixed with an older one."""
+    path = latest_checkpoint(run_dir)
+    if resume:
+        return None if path is None else load_checkpoint(path, model, optimizer)
+    if path is not None:
+        raise FileExistsError(f"{run_dir} already holds checkpoints ({path.name}); "
+                              "pass --resume (resume=true) to continue it, or choose another run_dir")
+    return None
+
+
+def save_final(run_dir: str | Path, model, tokenizer) -> Path:
+    """``run_dir/final``: ``model.save_pretrained`` + the tokenizer, swapped into place atomically."""
+    final = Path(run_dir) / "final"
+    tmp = Path(run_dir) / f".tmp-final-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    old = Path(run_dir) / f".old-final-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final

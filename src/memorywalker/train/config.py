@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +34,66 @@ class RecipeConfig(BaseModel):
     """Base of every recipe config: strict (unknown fields are errors), validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class TrainConfig(RecipeConfig):
+    """Fields every training recipe has (model, engine, optimizer, checkpoints); recipes add their own."""
+
+    # --- model
+    model: str = "kit"  # local Hugging Face causal LM dir, or "kit" = the offline tiny model (modelkit)
+    tokenizer: str | None = None  # tokenizer dir with a chat template; default: the model's
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+    device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
+    # --- engine (DESIGN.md)
+    method: str = "tree-mask"  # per-call | logit-tree | tree-mask | dfs | rightmost | sdcc
+    normalization: str = "token"  # token | call | trajectory: what each target's loss is divided by
+    attention: str | None = None  # sdpa | eager | flex; None = the model's own implementation
+    max_tokens: int = 8192  # buffer size of the packed methods (tree-mask, dfs, rightmost)
+    sdcc_lambda: float = 1.0  # sdcc: weight λ of KL(teacher ‖ student)
+    # --- optimization
+    steps: int = 100  # optimizer steps of the whole run
+    grad_accum: int = 1  # micro-batches per rank per optimizer step
+    lr: float = 1e-5  # AdamW peak learning rate
+    warmup_steps: int = 0  # linear warmup to lr over this many steps
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW β1, β2
+    grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
+    seed: int = 0  # seeds data order, sampling and torch
+    # --- run
+    run_dir: str = "runs/run"  # checkpoints/, final/, metrics.jsonl, tensorboard/
+    resume: bool = False  # continue from run_dir's newest checkpoint (CLI: --resume)
+    save_every: int = 50  # checkpoint every this many steps (and at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    tensorboard: bool = False  # also write run_dir/tensorboard
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        from memorywalker.engine import get_method
+
+        get_method(v)  # raises with the valid names
+        return v
+
+    @field_validator("normalization")
+    @classmethod
+    def _normalization(cls, v: str) -> str:
+        if v not in ("token", "call", "trajectory"):
+            raise ValueError(f"unknown normalization {v!r}; valid: token, call, trajectory")
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {v!r}; valid: float32, bfloat16, float16")
+        return v
+
+    @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
 
 
 C = TypeVar("C", bound=BaseModel)

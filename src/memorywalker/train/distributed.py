@@ -2,9 +2,13 @@
 
 Both launchers export ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, so the same
 recipe runs single-process, under torchrun, or under accelerate without code changes. Methods such as
-``logit-tree`` and ``sdcc`` run several forwards per step, so instead of DDP's per-backward hooks the
-recipes all-reduce (sum) gradients once per optimizer step; losses are normalized by global counts
-(reduced across ranks before dividing), so the sum of per-rank gradients is the full-batch gradient.
+``per-call``, ``logit-tree`` and ``sdcc`` run several forwards (and backwards) per micro-batch, and their
+number differs between ranks holding different trees. DDP decides at *forward* time whether the next
+backward all-reduces, so wrapping the model in DDP would all-reduce once per backward — a different
+number of collectives on each rank. The recipes therefore run the bare model and all-reduce (sum)
+gradients once per optimizer step (:func:`allreduce_gradients`); losses are normalized by global
+counts (the engine reduces denominators across ranks before dividing, ``dp_size=1``), so the sum of the
+per-rank gradients is the gradient of the whole step's batch.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -42,6 +46,27 @@ def init_distributed() -> DistInfo:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def device_for(name: str, info: DistInfo) -> torch.device:
+    """``auto`` = this rank's GPU when CUDA is available, else the CPU; anything else as given."""
+    if name == "auto":
+        return torch.device(f"cuda:{info.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(name)
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (a list of one element when not distributed)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shard(items: Sequence[T], info: DistInfo) -> list[T]:

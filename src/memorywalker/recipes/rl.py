@@ -1,0 +1,232 @@
+"""RL recipe: GRPO with PPO-clip ratios against the rollout logprobs, on episodes run under compression.
+
+    memorywalker rl --config configs/rl_tiny.toml --method sdcc [--resume] [key=value ...]
+    torchrun --nproc-per-node 2 -m memorywalker.recipes.rl --config configs/rl_tiny.toml
+
+Each step:
+
+1. **Collect.** The next ``prompts_per_step`` tasks of ``suite`` (``split``), ``group_size`` episodes
+   each, sampled from the model being trained (temperature ``temperature``) in the offline web-search
+   world under the ``harness`` compression policy with context ``budget``. Every call records its
+   context tokens, response tokens and the sampler's logprobs. Ranks roll out disjoint tasks.
+2. **Group.** The episodes of one task form one forest (a GRPO group); the reward of each episode is
+   the environment's exact-match score, and advantages are group-relative (the engine's ``grpo``).
+3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
+   ratio ρ = p_train / p_rollout clipped to [1 − clip_low, 1 + clip_high]. The first epoch's
+   per-token gap to the rollout logprobs (``logprob_abs_diff``, ``k3_kl``…) is logged: it is the
+   train/rollout mismatch the method introduces. ``sdcc`` adds λ·KL(full view ‖ compressed) and logs
+   ``eps_kl_mean``.
+
+The model stays in eval mode (no dropout) for rollouts and updates alike: ratios compare the same
+function. Checkpoints hold weights, optimizer, RNG and the task cursor; episode seeds derive from the
+run seed, the step and the task, so a resumed run collects exactly what an uninterrupted one collects.
+
+Programmatic use (what ``memorywalker demo`` does)::
+
+    from memorywalker.recipes.rl import RLConfig, train
+    result = train(RLConfig(model="runs/sft/final", run_dir="runs/rl-sdcc", method="sdcc", steps=10))
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import field_validator
+from tqdm import tqdm
+
+from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+from memorywalker.records.schema import Task, Trajectory
+from memorywalker.render import Renderer, RenderOptions
+from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
+from memorywalker.rollout.harness import call_seed
+from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.config import TrainConfig
+from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
+from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.model import load_model
+from memorywalker.train.step import (
+    TrainResult,
+    check_divisible,
+    optimizer_step,
+    rank_micro_batches,
+    reduce_step_metrics,
+    warmup_lr,
+)
+
+
+class RLConfig(TrainConfig):
+    """``memorywalker rl`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
+
+    # --- rollouts
+    env: str = "websearch"  # environment (memorywalker.rollout.ENVIRONMENTS)
+    world_seed: int = 0  # seed of the generated world
+    suite: str = "lookup"  # task suite: lookup | bridge | chain | comparison | aggregation | navigation | constraint
+    split: Literal["train", "valid", "test"] = "train"  # tasks of this split only
+    prompts_per_step: int = 4  # tasks (GRPO groups) per step, over all ranks
+    group_size: int = 4  # episodes per task
+    harness: str = "claude-code"  # compression policy (memorywalker.rollout.COMPRESSORS)
+    budget: int = 2048  # context budget (prompt tokens) the harness compresses to
+    watermark: float = 0.8  # compress above watermark × budget
+    keep_recent: int = 1  # most recent steps protected from pruning, folding and offloading
+    max_turns: int = 8  # act calls per episode
+    max_context: int = 8192  # hard window: a longer prompt ends the episode
+    temperature: float = 1.0  # sampling temperature (rollout logprobs are of the untempered distribution)
+    max_new_tokens: int = 128  # response length limit per call
+    # --- objective
+    ppo_epochs: int = 1  # optimizer steps per batch of rollouts
+    clip_low: float = 0.2  # PPO ε below 1
+    clip_high: float = 0.2  # PPO ε above 1 (DAPO clip-higher: 0.28)
+    tis_cap: float | None = None  # truncated importance sampling cap on p_train/p_rollout; None = off
+    grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
+    truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
+    run_dir: str = "runs/rl"
+    lr: float = 1e-6
+
+    @field_validator("harness")
+    @classmethod
+    def _harness(cls, v: str) -> str:
+        from memorywalker.rollout import make_compressor
+
+        make_compressor(v)  # raises with the valid names
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        from memorywalker.rollout import ENVIRONMENTS
+
+        if v not in ENVIRONMENTS:
+            raise ValueError(f"unknown env {v!r}; valid: {', '.join(ENVIRONMENTS)}")
+        return v
+
+
+def next_tasks(env, suite: str, split: str, cursor: int, n: int) -> tuple[list[Task], int]:
+    """The next ``n`` tasks of ``suite`` in ``split`` from suite index ``cursor``; and the new cursor."""
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        task = env.task(suite, cursor)
+        cursor += 1
+        if task.split == split:
+            tasks.append(task)
+    return tasks, cursor
+
+
+def train(cfg: RLConfig, *, progress: bool = True, env=None,
+          reward_fn: Callable[[Trajectory], float] | None = None) -> TrainResult:
+    """Run the recipe. ``env`` replaces the configured environment (any
+    :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward."""
+
+    # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
+    info = init_distributed()
+    check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
+    run_dir = Path(cfg.run_dir)
+    torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
+    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    state = restore(run_dir, cfg.resume, model, optimizer)
+    start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    # --- rollout machinery: world, harness, a sampler over the live weights ------------------------------
+    env = env if env is not None else ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
+    harness = HarnessConfig(cfg.harness, budget=cfg.budget, watermark=cfg.watermark,
+                            keep_recent=cfg.keep_recent, max_steps=cfg.max_turns,
+                            max_context=cfg.max_context)
+    policy = HFPolicy.from_model(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
+                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
+                          grpo_scale_by_std=cfg.grpo_scale_by_std)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main,
+                           resume_step=start if state else None)
+
+    # --- loop -------------------------------------------------------------------------------------------
+    history: list[dict] = []
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"rl {cfg.method}", unit="step",
+               disable=not (progress and info.is_main))
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+
+        # 1. collect: this rank's tasks, group_size episodes each, with the current weights
+        tasks, cursor = next_tasks(env, cfg.suite, cfg.split, cursor, cfg.prompts_per_step)
+        micro_groups: list[list[list[Trajectory]]] = []
+        for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
+            micro_groups.append([])
+            for task in mb_tasks:
+                group = []
+                for j in range(cfg.group_size):
+                    traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
+                                       episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
+                    if reward_fn is not None:
+                        traj.reward = float(reward_fn(traj))
+                    group.append(traj)
+                micro_groups[-1].append(group)
+        t_rollout = time.perf_counter() - t0
+
+        # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest
+        micro = [Batch.from_groups([[renderer.render(t) for t in g] for g in groups], renderer=renderer)
+                 for groups in micro_groups]
+        episodes = [t for groups in micro_groups for g in groups for t in g]
+
+        # 3. update: ppo_epochs optimizer steps, ratios against the rollout logprobs
+        first = None
+        for epoch in range(cfg.ppo_epochs):
+            dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
+            results = [run(model, mb, engine, denominators=dens) for mb in micro]
+            lr = warmup_lr(cfg.lr, step * cfg.ppo_epochs + epoch, cfg.warmup_steps)
+            grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
+            epoch_metrics = reduce_step_metrics([r.metrics for r in results])
+            first = first or {**epoch_metrics, "grad_norm": float(grad_norm)}
+        metrics = {**first, "loss_last_epoch": epoch_metrics["loss"], "lr": lr}
+
+        rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]
+        rewards = [r["reward"] for r in rows]
+        metrics.update(
+            reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
+            success=statistics.fmean(r["reward"] == 1.0 for r in rows), episodes=len(rows),
+            groups_with_signal=statistics.fmean(  # tasks whose episodes' rewards differ: GRPO learns from them
+                len({r["reward"] for r in rows[i:i + cfg.group_size]}) > 1 for i in range(0, len(rows), cfg.group_size)),
+            evictions_mean=statistics.fmean(r["evictions"] for r in rows),
+            calls_mean=statistics.fmean(r["calls"] for r in rows),
+            response_tokens=sum(r["response_tokens"] for r in rows),
+            rollout_seconds=t_rollout, seconds=time.perf_counter() - t0)
+        logger.log(step, metrics)
+        history.append({"step": step, **metrics})
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if info.is_main:
+                save_checkpoint(run_dir, step + 1, model, optimizer, {"task_cursor": cursor},
+                                keep=cfg.keep_checkpoints)
+            barrier()
+    bar.close()
+    logger.close()
+
+    # --- final model ------------------------------------------------------------------------------------
+    if info.is_main:
+        save_final(run_dir, model, tokenizer)
+        (run_dir / "final" / "memorywalker.json").write_text(json.dumps({"recipe": "rl", "steps": cfg.steps}))
+    barrier()
+    return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
+
+
+def _episode_row(traj: Trajectory) -> dict:
+    return {"reward": float(traj.reward or 0.0), "evictions": len(traj.evictions), "calls": len(traj.calls),
+            "response_tokens": sum(len(c.response_tokens or []) for c in traj.calls)}
+
+
+if __name__ == "__main__":  # torchrun / accelerate launch -m memorywalker.recipes.rl ...
+    from memorywalker.cli.train_cmd import recipe_main
+
+    recipe_main("rl")

@@ -1,0 +1,160 @@
+"""SFT recipe: masked NLL on the responses of recorded episodes, conditioned the way ``--method`` says.
+
+    memorywalker sft --config configs/sft_tiny.toml --method tree-mask [--resume] [key=value ...]
+    torchrun --nproc-per-node 2 -m memorywalker.recipes.sft --config configs/sft_tiny.toml
+
+Every trajectory of ``data`` is rendered with the tokenizer's chat template and becomes one
+ConditioningTree. An optimizer step takes ``batch_size`` whole trajectories (a seeded permutation per
+epoch), splits them into ``world_size × grad_accum`` equal micro-batches, runs the engine on each
+(gradients accumulate, losses divided by the step's global denominator), sums gradients over ranks,
+clips and steps AdamW. Checkpoints restore weights, optimizer, RNG and the data position exactly.
+
+Programmatic use (what ``memorywalker demo`` does)::
+
+    from memorywalker.recipes.sft import SFTConfig, train
+    result = train(SFTConfig(model="kit", data="expert.jsonl", run_dir="runs/sft", steps=50, lr=3e-3))
+    result.final_dir   # a Hugging Face model dir
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+from memorywalker.records.io import TrajectoryReader
+from memorywalker.records.schema import Trajectory
+from memorywalker.render import Renderer, RenderOptions
+from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.config import ConfigError, TrainConfig
+from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.model import load_model
+from memorywalker.train.step import (
+    TrainResult,
+    check_divisible,
+    optimizer_step,
+    rank_micro_batches,
+    reduce_step_metrics,
+    warmup_lr,
+)
+
+
+class SFTConfig(TrainConfig):
+    """``memorywalker sft`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
+
+    data: str | None = None  # trajectory JSONL (ignored when train() is given trajectories)
+    batch_size: int = 8  # trajectories per optimizer step, over all ranks and micro-batches
+    truncated: Literal["exclude", "prefix"] = "exclude"  # responses cut off by the length limit
+    run_dir: str = "runs/sft"
+
+
+def step_trajectories(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Indices of the trajectories of optimizer step ``step`` (0-based): the data stream is one seeded
+    permutation of ``range(n)`` per epoch, read ``batch_size`` at a time from position ``step × batch_size``.
+    Pure, so a resumed run reads exactly what an uninterrupted one reads.
+
+    >>> step_trajectories(5, 3, 0, seed=0) + step_trajectories(5, 3, 1, seed=0)[:2] == (
+    ...     np.random.default_rng([0, 0]).permutation(5).tolist())
+    True
+    """
+    pos, out = step * batch_size, []
+    while len(out) < batch_size:
+        epoch, i = divmod(pos, n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        take = min(batch_size - len(out), n - i)
+        out += perm[i:i + take].tolist()
+        pos += take
+    return out
+
+
+def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True) -> TrainResult:
+    """Run the recipe on ``cfg.data``, or on ``trajectories`` when given."""
+
+    # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
+    info = init_distributed()
+    check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
+    run_dir = Path(cfg.run_dir)
+    torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
+    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    state = restore(run_dir, cfg.resume, model, optimizer)
+    start = state["step"] if state else 0
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    # --- data: read, render, keep the trajectories that have targets ------------------------------------
+    if trajectories is None:
+        if cfg.data is None:
+            raise ConfigError("sft needs data=FILE (a trajectory JSONL) or trajectories passed to train()")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        reader = TrajectoryReader(cfg.data, rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl")
+        trajectories = list(reader)
+        if info.is_main and reader.summary.rejected:
+            print(f"sft: {reader.summary}")  # rejected records are in the rejects file, with reasons
+    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    rendered = [renderer.render(t) for t in trajectories]
+    data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
+    if info.is_main and len(data) < len(rendered):
+        print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
+    if not data:
+        raise ValueError("sft: no trajectory has a selected target")
+    if state and state.get("num_trajectories") != len(data):
+        raise ValueError(f"resume: the checkpoint was trained on {state.get('num_trajectories')} trajectories, "
+                         f"the data now has {len(data)}")
+    engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
+                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main,
+                           resume_step=start if state else None)
+
+    # --- loop -------------------------------------------------------------------------------------------
+    history: list[dict] = []
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"sft {cfg.method}", unit="step",
+               disable=not (progress and info.is_main))
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        ids = step_trajectories(len(data), cfg.batch_size, step, cfg.seed)
+        micro = [Batch.from_groups([[data[i]] for i in mb], renderer=renderer)  # one tree per trajectory
+                 for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
+        dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
+        results = [run(model, mb, engine, denominators=dens) for mb in micro]
+        lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
+        grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
+
+        metrics = reduce_step_metrics([r.metrics for r in results])
+        metrics.update(lr=lr, grad_norm=float(grad_norm), seconds=time.perf_counter() - t0,
+                       epoch=(step + 1) * cfg.batch_size / len(data))
+        logger.log(step, metrics)
+        history.append({"step": step, **metrics})
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if info.is_main:
+                save_checkpoint(run_dir, step + 1, model, optimizer, {
+                    "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
+                    keep=cfg.keep_checkpoints)
+            barrier()
+    bar.close()
+    logger.close()
+
+    # --- final model ------------------------------------------------------------------------------------
+    if info.is_main:
+        save_final(run_dir, model, tokenizer)
+        (run_dir / "final" / "memorywalker.json").write_text(json.dumps({"recipe": "sft", "steps": cfg.steps}))
+    barrier()
+    return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
+
+
+if __name__ == "__main__":  # torchrun / accelerate launch -m memorywalker.recipes.sft ...
+    from memorywalker.cli.train_cmd import recipe_main
+
+    recipe_main("sft")

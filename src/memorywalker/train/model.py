@@ -1,0 +1,31 @@
+"""Load the model a recipe trains: any local Hugging Face causal LM dir, or ``kit`` (the offline tiny one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
+    """``(model_dir, tokenizer_dir)``: ``kit`` builds (once) and uses :func:`~memorywalker.modelkit.default_kit`;
+    the tokenizer defaults to the model dir's."""
+    if model == "kit":
+        from memorywalker.modelkit import default_kit
+
+        tok_dir, model_dir = default_kit()
+        return model_dir, Path(tokenizer) if tokenizer else tok_dir
+    return Path(model), Path(tokenizer or model)
+
+
+def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.device):
+    """``(model, tokenizer)`` from local dirs only (nothing is downloaded)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, tok_dir = resolve_dirs(model, tokenizer)
+    for d in (model_dir, tok_dir):
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d} is not a local directory (recipes never download models)")
+    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
+    return lm.to(device), tok

@@ -1,0 +1,96 @@
+"""Pieces of one optimizer step that both recipes share: who trains on what, the update, the metrics.
+
+>>> rank_micro_batches(list(range(8)), DistInfo(rank=1, world_size=2), grad_accum=2)
+[[4, 5], [6, 7]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from memorywalker.train.distributed import DistInfo, allreduce_gradients, gather_objects
+
+T = TypeVar("T")
+
+# Engine metrics that add up over micro-batches and ranks; ``*_max`` take the max, the rest the mean.
+SUMMED = ("loss", "forwards", "backwards", "tokens", "buffers", "targets", "lost_targets", "students",
+          "unmatched_calls")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    final_dir: Path  # run_dir/final: a Hugging Face model dir (save_pretrained) with the tokenizer
+    steps: int  # optimizer steps the run has taken in total (resumed ones included)
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # one row per step run by this process
+
+
+def check_divisible(global_items: int, info: DistInfo, grad_accum: int, what: str) -> int:
+    """Items per micro-batch; every rank runs ``grad_accum`` micro-batches of equal size (collectives)."""
+    parts = info.world_size * grad_accum
+    if global_items % parts:
+        raise ValueError(f"{what}={global_items} must be divisible by world_size × grad_accum = "
+                         f"{info.world_size} × {grad_accum}")
+    return global_items // parts
+
+
+def rank_micro_batches(items: Sequence[T], info: DistInfo, grad_accum: int) -> list[list[T]]:
+    """This rank's micro-batches of one step's global ``items``: contiguous, equal slices.
+
+    Rank r takes slice r of ``world_size`` equal slices and cuts it into ``grad_accum`` micro-batches,
+    so 1 rank × 2 micro-batches and 2 ranks × 1 micro-batch see the same partition.
+    """
+    size = check_divisible(len(items), info, grad_accum, "items per step")
+    mine = list(items[info.rank * size * grad_accum:(info.rank + 1) * size * grad_accum])
+    return [mine[i * size:(i + 1) * size] for i in range(grad_accum)]
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lr: float,
+                   grad_clip: float | None) -> torch.Tensor:
+    """Sum gradients over ranks, clip their global norm, step, zero. Returns the pre-clip norm."""
+    allreduce_gradients(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # unused by every target of the step: a zero gradient, as under DDP
+            p.grad = torch.zeros_like(p)
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def reduce_step_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Combine the engine metrics of this rank's micro-batches with every other rank's.
+
+    ``SUMMED`` keys add up, ``*_max`` keys take the max, the rest average over the micro-batches that
+    report a finite value. Syncs tensors to floats once, here.
+    """
+    plain = [{k: float(v) for k, v in r.items()} for r in rows]
+    every = [r for rank_rows in gather_objects(plain) for r in rank_rows]
+    out: dict[str, float] = {}
+    for key in sorted({k for r in every for k in r}):
+        vals = [r[key] for r in every if key in r and math.isfinite(r[key])]
+        if key in SUMMED:
+            out[key] = sum(vals)
+        elif key.endswith("_max"):
+            out[key] = max(vals) if vals else math.nan
+        else:
+            out[key] = sum(vals) / len(vals) if vals else math.nan
+    return out
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup_steps`` optimizer steps, then constant.
+
+    >>> [warmup_lr(1.0, s, 4) for s in range(5)]
+    [0.25, 0.5, 0.75, 1.0, 1.0]
+    """
+    return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else lr

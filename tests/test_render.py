@@ -170,3 +170,14 @@ def test_tokenizer_without_chat_template_is_a_clear_error(tokenizer):
     bare.chat_template = None
     with pytest.raises(RenderError, match="no chat template"):
         Renderer(bare)
+
+
+def test_recorded_response_may_end_on_another_end_of_turn_token(tokenizer):
+    """A model that stopped on <|endoftext|> (also an end-of-turn id) instead of the template's
+    <|im_end|>: the body matches, so the sampled tokens are targets, terminator included."""
+    traj, ctx_ids, resp_ids = recorded(tokenizer)
+    other = resp_ids[:-1] + [tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    call = traj.calls[0].model_copy(update={"response_tokens": other})
+    traj = traj.model_copy(update={"calls": [call]})
+    rc = Renderer(tokenizer).render(traj).calls[0]
+    assert rc.selected and rc.tokens == ctx_ids + other and len(rc.targets) == len(other)

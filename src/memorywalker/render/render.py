@@ -307,9 +307,14 @@ class Renderer:
             # A cut-off response is a prefix of what the template renders for it.
             if not decode(resp_ids).startswith(decode(recorded)):
                 return "response_tokens are not a prefix of the rendered response"
-        elif decode(recorded) != decode(resp_ids):
+        elif decode(self._strip_eot(recorded)) != decode(self._strip_eot(resp_ids)):
+            # The terminator may differ (a model that stops on <|endoftext|> where the template
+            # writes <|im_end|>): the sampled one is authentic, the body must match.
             return "response_tokens do not decode to the rendered response"
         return None
+
+    def _strip_eot(self, ids: list[int]) -> list[int]:
+        return ids[:-1] if ids and ids[-1] in self.eot_ids else ids
 
     def _targets(self, call: Call, prompt_len: int, resp_ids: list[int]):
         if not call.selected:

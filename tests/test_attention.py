@@ -109,6 +109,8 @@ def test_flex_forward_equals_sdpa_on_cpu(kit, renderer):
     assert model.config._attn_implementation == "flex_attention"
     assert torch.isfinite(flex.logprobs).all()
     assert (flex.logprobs - sdpa.logprobs).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        run(model, batch, EngineConfig(method="tree-mask", attention="flex"))
 
 
 @pytest.mark.gpu

@@ -51,7 +51,7 @@ def bench_engines(
     model: Path = typer.Option(None, "--model", help="HF model dir with a chat-template tokenizer; default: tiny kit"),
     arch: str = typer.Option("llama", help="tiny kit architecture when --model is not given: llama | qwen2"),
     attention: str = typer.Option("sdpa", help="sdpa | eager | flex"),
-    max_tokens: int = typer.Option(65536, help="buffer size for packed methods"),
+    max_tokens: int = typer.Option(8192, help="buffer size for packed methods (tree-mask, dfs, rightmost)"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0),

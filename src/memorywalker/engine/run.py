@@ -182,6 +182,9 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     backend: Backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
     layout = layout_for(batch, cfg)
     device = model_device(model)
+    if backend.name == "flex" and backward and device.type != "cuda":
+        raise ValueError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
+                         "or run flex with backward=False")
     tg = batch.targets
     n = len(tg)
 

@@ -129,7 +129,8 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer)
     start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
     if info.is_main:

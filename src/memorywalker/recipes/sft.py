@@ -84,7 +84,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer)
     start = state["step"] if state else 0
     if info.is_main:

@@ -57,6 +57,7 @@ class TrainConfig(RecipeConfig):
     warmup_steps: int = 0  # linear warmup to lr over this many steps
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW β1, β2
+    adam_eps: float = 1e-8  # AdamW ε (update = lr·m̂/(√v̂ + ε))
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     seed: int = 0  # seeds data order, sampling and torch
     # --- run

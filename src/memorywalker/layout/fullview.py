@@ -52,6 +52,7 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
     traj = rt.trajectory
     messages = full_view_messages(traj)
     ids, _, spans = renderer.render_messages(messages, tools_to_hf(traj, None))
+    ids, spans = _splice_recorded_responses(rt, renderer, messages, ids, spans)
     ids = np.asarray(ids, dtype=np.int64)
     span_of = {m.id: s for m, s in zip(messages, spans, strict=True)}
     start: dict[int, int] = {}
@@ -67,6 +68,37 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
         else:
             start[rc.index] = a + hit
     return FullView(ids, start, unmatched)
+
+
+def _splice_recorded_responses(rt: RenderedTrajectory, renderer: Renderer, messages: list[Message],
+                               ids: list[int], spans: list[tuple[int, int]]):
+    """Put each response's recorded (sampled) tokens where the re-rendered text has its canonical
+    tokenization, so the full view conditions on exactly the tokens the model produced."""
+    recorded = {}
+    for rc in rt.calls:
+        rec = rc.tokens[rc.prompt_len:]
+        if rc.rendered_response is not None and rc.rendered_response != rec:
+            call = rt.trajectory.calls[rc.index]
+            canon = rc.rendered_response
+            # A cut-off response has no terminator; the template's stays after it.
+            body = renderer.strip_eot(canon) if call.finish_reason == "length" else canon
+            recorded[call.response] = (body, rec)
+    if not recorded:
+        return ids, spans
+    out: list[int] = list(ids[: spans[0][0]]) if spans else []
+    new_spans: list[tuple[int, int]] = []
+    for m, (a, b) in zip(messages, spans, strict=True):
+        piece = ids[a:b]
+        if m.id in recorded:
+            body, rec = recorded[m.id]
+            hit = find_run(np.asarray(piece, dtype=np.int64), np.asarray(body, dtype=np.int64))
+            if hit is not None:
+                piece = piece[:hit] + list(rec) + piece[hit + len(body):]
+        new_spans.append((len(out), len(out) + len(piece)))
+        out.extend(piece)
+    if spans:
+        out.extend(ids[spans[-1][1]:])  # anything the template writes after the last message
+    return out, new_spans
 
 
 def find_run(hay: np.ndarray, run: np.ndarray, allowed: np.ndarray | None = None) -> int | None:

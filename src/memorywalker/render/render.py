@@ -63,6 +63,9 @@ class RenderedCall:
     reason: str | None = None  # why the call has no targets
     span_method: str = "incremental"  # "incremental" | "search" | "recorded"
     warnings: list[str] = field(default_factory=list)
+    # With recorded ids: the response as the template renders and the tokenizer tokenizes it, which a
+    # sampled response may not be (models can emit non-canonical tokenizations of the same text).
+    rendered_response: list[int] | None = None
 
     @property
     def response_start(self) -> int:
@@ -252,6 +255,7 @@ class Renderer:
         roles = _span_roles(starts, spans, context)
 
         reason: str | None = None
+        rendered_response: list[int] | None = None
         if not full_text.startswith(prompt_text):
             reason = "response_not_suffix"
             resp_ids: list[int] = []
@@ -267,6 +271,11 @@ class Renderer:
                 roles = [ROLE_ID["context"]] * len(call.context_tokens)
                 if self.options.recorded_mismatch == "unselect" and reason is None:
                     reason = "recorded_tokens_mismatch"
+            elif list(call.context_tokens) != prompt_ids:
+                # Same text, other ids (a harness that tokenized differently): spans are unverified.
+                warnings.append("recorded context_tokens tokenize the prompt differently")
+                roles = [ROLE_ID["context"]] * len(call.context_tokens)
+            rendered_response = resp_ids
             prompt_ids, resp_ids = list(call.context_tokens), list(call.response_tokens)
             span_method = "recorded" if mismatch else span_method
 
@@ -289,6 +298,7 @@ class Renderer:
             reason=reason,
             span_method=span_method,
             warnings=warnings,
+            rendered_response=rendered_response,
         )
 
     def _cut_delimiter(self, resp_ids: list[int]) -> list[int]:
@@ -307,13 +317,13 @@ class Renderer:
             # A cut-off response is a prefix of what the template renders for it.
             if not decode(resp_ids).startswith(decode(recorded)):
                 return "response_tokens are not a prefix of the rendered response"
-        elif decode(self._strip_eot(recorded)) != decode(self._strip_eot(resp_ids)):
+        elif decode(self.strip_eot(recorded)) != decode(self.strip_eot(resp_ids)):
             # The terminator may differ (a model that stops on <|endoftext|> where the template
             # writes <|im_end|>): the sampled one is authentic, the body must match.
             return "response_tokens do not decode to the rendered response"
         return None
 
-    def _strip_eot(self, ids: list[int]) -> list[int]:
+    def strip_eot(self, ids: list[int]) -> list[int]:
         return ids[:-1] if ids and ids[-1] in self.eot_ids else ids
 
     def _targets(self, call: Call, prompt_len: int, resp_ids: list[int]):

@@ -1,0 +1,65 @@
+"""SDCC's full view with recorded (sampled) tokens that tokenize the text non-canonically."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from memorywalker.engine import EngineConfig, layout_for, run
+from memorywalker.layout.batch import Batch
+from memorywalker.layout.fullview import build_full_view
+from memorywalker.records import TrajectoryBuilder
+from memorywalker.render import Renderer, message_to_hf
+
+
+def char_ids(tokenizer, text):
+    """A non-canonical tokenization: one token per character (byte-level BPE has them all)."""
+    return [i for ch in text for i in tokenizer(ch, add_special_tokens=False)["input_ids"]]
+
+
+def sampled_episode(tokenizer):
+    """Two calls and a summarize eviction; call 0's response was sampled character by character."""
+    b = TrajectoryBuilder("sampled")
+    s, u = b.message("system", "sys"), b.message("user", "Who founded it?")
+    a0 = b.message("assistant", "Mira Quell")
+    hf = [message_to_hf(m) for m in b.messages]
+
+    def prompt(msgs):
+        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    r0 = char_ids(tokenizer, "Mira Quell") + [eot]
+    b.call([s, u], a0, context_tokens=prompt(hf[:2]), response_tokens=r0, rollout_logprobs=[-1.0] * len(r0))
+    summ = b.message("user", "Summary: asked who founded it.", author="harness")
+    a1 = b.message("assistant", "Done")
+    msgs1 = [hf[0], hf[1], message_to_hf(b.messages[3])]
+    r1 = tokenizer("Done<|im_end|>", add_special_tokens=False)["input_ids"]
+    b.call([s, u, summ], a1, context_tokens=prompt(msgs1), response_tokens=r1, rollout_logprobs=[-1.0] * len(r1))
+    b.eviction("call-1", "summarize", removed=[a0], inserted=[summ])
+    return b.build(), r0
+
+
+def test_full_view_holds_the_sampled_tokens_and_matches_every_call(tokenizer):
+    traj, r0 = sampled_episode(tokenizer)
+    renderer = Renderer(tokenizer)
+    rt = renderer.render(traj)
+    assert rt.calls[0].rendered_response != r0  # the sample is not the canonical tokenization
+    view = build_full_view(rt, renderer)
+    assert view.unmatched == [] and set(view.response_start) == {0, 1}
+    start = view.response_start[0]
+    assert view.token_ids[start: start + len(r0)].tolist() == r0
+    layout = layout_for(Batch.from_groups([[rt]], renderer=renderer), EngineConfig(method="sdcc"))
+    assert not layout.lost.any() and len(layout.kl_call) == len(rt.calls[1].targets)
+
+
+def test_first_call_in_the_full_view_equals_per_call(kit, tokenizer):
+    """Before the eviction the full view is exactly S_0, so SDCC's main logprobs of call 0 equal
+    the per-call ones."""
+    model = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
+    traj, r0 = sampled_episode(tokenizer)
+    renderer = Renderer(tokenizer)
+    batch = Batch.from_groups([[renderer.render(traj)]], renderer=renderer)
+    first = torch.from_numpy(batch.targets.call == 0)
+    ref = run(model, batch, EngineConfig(method="per-call"), backward=False).logprobs
+    got = run(model, batch, EngineConfig(method="sdcc"), backward=False).logprobs
+    assert torch.allclose(got[first], ref[first], atol=1e-5)

@@ -27,7 +27,7 @@ def test_chat_template_marks_turns_and_end_of_turn(tokenizer):
 
 
 def test_both_architectures_load_and_run(kit, qwen2_kit):
-    for tok_dir, model_dir, model_type in [(*kit, "llama"), (*qwen2_kit, "qwen2")]:
+    for _tok_dir, model_dir, model_type in [(*kit, "llama"), (*qwen2_kit, "qwen2")]:
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         assert model.config.model_type == model_type and model.config.vocab_size == len(tok)

@@ -63,3 +63,34 @@ def test_first_call_in_the_full_view_equals_per_call(kit, tokenizer):
     ref = run(model, batch, EngineConfig(method="per-call"), backward=False).logprobs
     got = run(model, batch, EngineConfig(method="sdcc"), backward=False).logprobs
     assert torch.allclose(got[first], ref[first], atol=1e-5)
+
+
+def test_harness_side_calls_keep_their_own_context(kit, tokenizer):
+    """A summarization call (purpose="summarize") has no place in the uncompressed history: it is
+    absent from the full view, SDCC trains it on its own S_t (= per-call logprobs) and gives it no
+    student; the act call after the eviction still gets one."""
+    b = TrajectoryBuilder("compaction")
+    s, u = b.message("system", "sys"), b.message("user", "Who founded Alder Works?")
+    a0 = b.message("assistant", "Let me think.")
+    b.call([s, u], a0)
+    req = b.message("user", "Summarize the conversation so far.", author="harness")
+    summary = b.message("assistant", "The user asks who founded Alder Works.")
+    b.call([s, u, a0, req], summary, purpose="summarize")
+    inserted = b.message("user", "Summary: the user asks who founded Alder Works.", author="harness")
+    b.eviction("call-2", "summarize", removed=[a0], inserted=[inserted])
+    b.call([s, u, inserted], b.message("assistant", "Mira Quell"))
+    traj = b.build()
+
+    renderer = Renderer(tokenizer)
+    rt = renderer.render(traj)
+    view = build_full_view(rt, renderer)
+    assert view.harness_calls == [1] and set(view.response_start) == {0, 2}
+    assert "The user asks" not in tokenizer.decode(view.token_ids.tolist())
+    batch = Batch.from_groups([[rt]], renderer=renderer)
+    layout = layout_for(batch, EngineConfig(method="sdcc"))
+    assert not layout.lost.any() and set(layout.kl_call.tolist()) == {2}
+    model = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
+    ref = run(model, batch, EngineConfig(method="per-call"), backward=False).logprobs
+    got = run(model, batch, EngineConfig(method="sdcc"), backward=False).logprobs
+    early = torch.from_numpy(batch.targets.call <= 1)
+    assert torch.allclose(got[early], ref[early], atol=1e-5)

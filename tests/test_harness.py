@@ -110,7 +110,7 @@ def test_eviction_patterns_on_a_long_task(long_runs, tokenizer):
     traj, idx, table = calls("claude-code")
     for ev in traj.evictions:
         i = idx[ev.before_call]
-        assert traj.calls[i - 1].meta["purpose"] == "summarize"
+        assert traj.calls[i - 1].purpose == "summarize"
         assert traj.calls[i].context == [traj.calls[0].context[0], traj.calls[0].context[1], *ev.inserted]
         assert ev.tokens_before > cfg.watermark * cfg.budget
     # opencode: placeholders keep the tool_call_id and say the fixed text; summarize only if still over.
@@ -122,7 +122,7 @@ def test_eviction_patterns_on_a_long_task(long_runs, tokenizer):
     assert traj.evictions[-1].trigger == "overflow"
     # agentfold: one fold call before each fold, never more than max_fold_blocks + 1 blocks in a context.
     traj, idx, table = calls("agentfold")
-    assert [traj.calls[idx[e.before_call] - 1].meta["purpose"] for e in traj.evictions] == ["fold"] * 6
+    assert [traj.calls[idx[e.before_call] - 1].purpose for e in traj.evictions] == ["fold"] * 6
     for c in traj.calls:
         assert sum(table[m].is_artifact and table[m].role == "user" for m in c.context) <= cfg.max_fold_blocks + 1
     # memex: every offloaded observation is keyed and can be recalled verbatim.

@@ -76,7 +76,7 @@ def test_claude_code_compacted_session(harness_logs, tokenizer):
     assert ev.inserted == [traj.calls[junction].context[0]]
     # The summarization call: pre-compaction chain + its own prompt, answered by the summary text.
     summ = traj.calls[junction - 1]
-    assert summ.meta.get("compaction_summary_call")
+    assert summ.purpose == "summarize"
     assert table[summ.context[-1]].content == compact[0]["message"]["content"]
     assert set(ev.removed) <= set(summ.context) | {summ.response}
     # Subagent lineage: the call that issued the Task tool_use.

@@ -15,9 +15,18 @@ app = typer.Typer(
 )
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
-from memorywalker.cli import bench_cmd, gap_cmd, import_cmd, records_cmd, rollout_cmd, train_cmd  # noqa: E402
+from memorywalker.cli import (  # noqa: E402
+    bench_cmd,
+    demo_cmd,
+    gap_cmd,
+    import_cmd,
+    records_cmd,
+    rollout_cmd,
+    train_cmd,
+)
 
 bench_cmd.register(app)
+demo_cmd.register(app)
 gap_cmd.register(app)
 import_cmd.register(app)
 records_cmd.register(app)

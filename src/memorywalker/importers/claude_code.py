@@ -398,11 +398,11 @@ class _Trajectory:
         meta: dict[str, Any] = {"request_id": first.obj.get("requestId"), "message_id": first.obj["message"].get("id")}
         fields: dict[str, Any] = {}
         if summarization:
-            meta["compaction_summary_call"] = True
+            fields["purpose"] = "summarize"
         if gap:
-            fields = {"selected": False, "reason": "context_gap: a parent record is missing"}
+            fields.update(selected=False, reason="context_gap: a parent record is missing")
         if msg.meta.get("synthetic"):
-            fields = {"selected": False, "reason": "synthetic response written by the harness"}
+            fields.update(selected=False, reason="synthetic response written by the harness")
         cid = self.b.call(context, response, finish_reason=finish, meta={k: v for k, v in meta.items() if v},
                           **fields)
         for tc in msg.tool_calls:

@@ -25,15 +25,29 @@ class FullView:
     token_ids: np.ndarray  # int64 [F]
     response_start: dict[int, int]  # call index -> full-view position of its first response token
     unmatched: list[int] = field(default_factory=list)  # call indices whose response was not found
+    # Harness-side calls (a summarization request, a fold): the uncompressed history has no
+    # counterpart for them, so they keep their own S_t.
+    harness_calls: list[int] = field(default_factory=list)
+
+
+def answers_harness(traj: Trajectory, index: int) -> bool:
+    """True when call ``index`` is a harness-side call (``purpose`` summarize/fold/other): its prompt
+    is a harness request and its response is itself a compression artifact."""
+    return traj.calls[index].purpose != "act"
 
 
 def full_view_messages(traj: Trajectory) -> list[Message]:
-    """Messages in order of first appearance, artifacts removed, each response once."""
+    """Messages in order of first appearance, artifacts removed, each response once.
+
+    Responses to harness prompts (summaries the model was asked to write) are compression artifacts
+    too and are left out.
+    """
     table = traj.message_table()
     seen: set[str] = set()
     out: list[Message] = []
-    for call in traj.calls:
-        for mid in (*call.context, call.response):
+    for i, call in enumerate(traj.calls):
+        answer = () if answers_harness(traj, i) else (call.response,)
+        for mid in (*call.context, *answer):
             m = table[mid]
             if mid in seen or m.is_artifact:
                 continue
@@ -57,8 +71,9 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
     span_of = {m.id: s for m, s in zip(messages, spans, strict=True)}
     start: dict[int, int] = {}
     unmatched: list[int] = []
+    harness_calls = [rc.index for rc in rt.calls if rc.targets and answers_harness(traj, rc.index)]
     for rc in rt.calls:
-        if not rc.targets:
+        if not rc.targets or rc.index in harness_calls:
             continue
         run = np.asarray(rc.tokens[rc.prompt_len: max(rc.targets) + 1], dtype=np.int64)
         a, b = span_of[traj.calls[rc.index].response]
@@ -67,7 +82,7 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
             unmatched.append(rc.index)
         else:
             start[rc.index] = a + hit
-    return FullView(ids, start, unmatched)
+    return FullView(ids, start, unmatched, harness_calls)
 
 
 def _splice_recorded_responses(rt: RenderedTrajectory, renderer: Renderer, messages: list[Message],

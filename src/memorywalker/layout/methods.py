@@ -181,7 +181,9 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
     """Full views carry the main targets and the teacher rows; one student piece per junction call
     (``students="all"``: per selected call) carries the same response tokens on its compressed ``S_t``.
 
-    KL pairing row ``k`` is the same response token in a full view (teacher) and in a student.
+    KL pairing row ``k`` is the same response token in a full view (teacher) and in a student. A
+    harness-side call (``purpose`` summarize/fold) has no place in the uncompressed history: its main
+    loss is taken on its own ``S_t`` and it has no student.
     """
     if students not in ("junctions", "all"):
         raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
@@ -197,6 +199,12 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                 c = batch.calls[g]
                 rows = by_call.get(g)
                 if rows is None:
+                    continue
+                if c.index in view.harness_calls:
+                    # No uncompressed counterpart: the main loss conditions it on its own S_t.
+                    path = tree.root_path(c.end)
+                    teachers.append(Piece.chain(tree.token_ids[path], target_row=rows,
+                                                target_pred=tree.depth[pos[rows]] - 1))
                     continue
                 start = view.response_start.get(c.index)
                 if start is None:

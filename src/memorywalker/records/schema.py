@@ -33,6 +33,9 @@ Author = Literal["system", "user", "model", "environment", "harness"]
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error", "unknown"]
 EvictionKind = Literal["summarize", "prune", "truncate", "fold", "memory-offload", "placeholder", "other"]
 Split = Literal["train", "valid", "test"]
+# What a call was for: the agent acting, or a harness-side call whose response is itself a
+# compression artifact (a compaction summary the model was asked to write, a fold of recent steps).
+Purpose = Literal["act", "summarize", "fold", "other"]
 
 
 class _Strict(BaseModel):
@@ -88,6 +91,7 @@ class Call(_Strict):
     rollout_logprobs: list[float] | None = None
     rollout_top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: FinishReason = "stop"
+    purpose: Purpose = "act"
     selected: bool = True
     reason: str | None = None  # why the call is not selected (refused proposal, truncated, ...)
     meta: dict[str, Any] = Field(default_factory=dict)

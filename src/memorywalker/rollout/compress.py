@@ -82,17 +82,17 @@ def replay_contexts(traj: Trajectory) -> list[list[str]]:
     by_call: dict[str, list] = {}
     for ev in traj.evictions:
         by_call.setdefault(ev.before_call, []).append(ev)
-    acts = [c for c in traj.calls if c.meta.get("purpose", "act") == "act"]
+    acts = [c for c in traj.calls if c.purpose == "act"]
     next_act = {a.id: (index[b.response] if b is not None else len(traj.messages))
                 for a, b in zip(acts, [*acts[1:], None], strict=True)}
     history: list[str] = []
     out = []
     for i, call in enumerate(traj.calls):
         if i == 0:
-            history = list(call.context) if call.meta.get("purpose", "act") == "act" else []
+            history = list(call.context) if call.purpose == "act" else []
         for ev in by_call.get(call.id, []):
             history = apply_eviction(history, ev.removed, ev.meta.get("replaces", {}))
-        if call.meta.get("purpose", "act") != "act":
+        if call.purpose != "act":
             request = [mid for mid in call.context[len(history):]]
             out.append(history + request)
             continue

@@ -8,7 +8,7 @@ One episode::
 
 Before every act call the compression policy may rewrite the history (recording each rewrite as a
 white-box :class:`~memorywalker.records.schema.Eviction`, and any summarization call as a
-:class:`~memorywalker.records.schema.Call` with ``meta.purpose`` ``summarize``/``fold``). The context is
+:class:`~memorywalker.records.schema.Call` with ``purpose`` ``summarize``/``fold``). The context is
 rendered with the tokenizer's chat template (tool schemas in the prompt) exactly like
 :class:`~memorywalker.render.Renderer` renders it, and those token ids are what the policy receives and
 what the call records as ``context_tokens``.
@@ -192,7 +192,7 @@ class Episode:
                        reasoning=resp.reasoning)
         self.b.call(context, rid, tools=list(self.tool_names), context_tokens=list(prompt_ids),
                     response_tokens=response_ids, rollout_logprobs=logprobs, rollout_top_logprobs=tops,
-                    finish_reason=finish, meta={"purpose": purpose, "prompt_tokens": len(prompt_ids), **out.meta})
+                    finish_reason=finish, purpose=purpose, meta={"prompt_tokens": len(prompt_ids), **out.meta})
         return rid, text, calls if error is None else [], error
 
     def _response_message(self, content: str, calls: list[tuple[str, dict | str]],

@@ -38,8 +38,12 @@ class WebSearchEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     suites = tuple(SUITES)
 
-    def __init__(self, world_seed: int = 0, *, search_k: int = 5, snippet_chars: int = 80):
-        self.world = World.generate(world_seed)
+    def __init__(self, world_seed: int = 0, *, search_k: int = 5, snippet_chars: int = 80,
+                 world_size: dict[str, int] | None = None):
+        # world_size: World.generate's n_cities / n_companies / n_people / n_distractors (a smaller
+        # world is an easier one, e.g. for a tiny model trained on a CPU).
+        self.world_size = dict(world_size or {})
+        self.world = World.generate(world_seed, **self.world_size)
         self.world_seed = world_seed
         self.search_k = search_k
         self.snippet_chars = snippet_chars
@@ -81,4 +85,5 @@ class WebSearchEnv(Environment):
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "world_seed": self.world_seed, "search_k": self.search_k}
+        return {"name": self.name, "world_seed": self.world_seed, "search_k": self.search_k,
+                **({"world_size": self.world_size} if self.world_size else {})}

@@ -38,10 +38,12 @@ class DemoConfig:
     seed: int = 0
     # --- world and harness: small enough for a tiny model trained for minutes on a CPU
     suite: str = "lookup"
-    world_size: dict[str, int] = field(default_factory=lambda: {"n_cities": 4, "n_companies": 6, "n_people": 6,
-                                                                 "n_distractors": 6})
-    harness: str = "opencode"  # placeholders for old tool output, then a summary if still over budget
-    budget: int = 500  # context budget (prompt tokens)
+    # 8 entities instead of the default world's 66: a tiny model trained for minutes on a CPU still does
+    # not solve held-out tasks (see the README), but the smaller world is the easiest one to try.
+    world_size: dict[str, int] = field(default_factory=lambda: {"n_cities": 2, "n_companies": 3, "n_people": 3,
+                                                                 "n_distractors": 2})
+    harness: str = "claude-code"  # the model summarizes the history; system prompt and task are kept
+    budget: int = 500  # context budget (prompt tokens): 2 compactions per expert lookup episode
     max_turns: int = 5
     max_new_tokens: int = 48
     # --- model
@@ -61,6 +63,7 @@ class DemoConfig:
     sdcc_lambda: float = 1.0
     # --- evaluation
     eval_episodes: int = 16
+    eval_temperature: float = 0.0  # greedy; rollout logprobs are of the untempered distribution either way
     methods: tuple[str, ...] = METHODS
 
 
@@ -76,6 +79,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     from memorywalker.metrics.gap import gap_report
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
     from memorywalker.recipes import rl, sft
+    from memorywalker.records import write_trajectories
     from memorywalker.render import Renderer, RenderOptions
     from memorywalker.rollout import ExpertPolicy, HarnessConfig, HFPolicy, WebSearchEnv, rollout
 
@@ -100,6 +104,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     # --- 2. expert episodes under compression ------------------------------------------------------------
     expert, summary = rollout(env, ExpertPolicy(), tokenizer, harness, suite=cfg.suite, n=cfg.sft_episodes,
                               seed=cfg.seed, split="train")
+    write_trajectories(out / "expert.jsonl", expert)
     evictions = {k: summary.evictions[k] for k in sorted(summary.evictions)}
     log(f"[data] {len(expert)} expert episodes, success {summary.success:.2f}, evictions per episode {evictions}")
 
@@ -133,9 +138,11 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
     for method, (final_dir, seconds, tokens) in trained.items():
         model = AutoModelForCausalLM.from_pretrained(final_dir).eval()
-        policy = HFPolicy.from_model(model, tokenizer, temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+        policy = HFPolicy.from_model(model, tokenizer, temperature=cfg.eval_temperature,
+                                     max_new_tokens=cfg.max_new_tokens)
         episodes, ev = rollout(env, policy, tokenizer, harness, suite=cfg.suite, n=cfg.eval_episodes,
                                seed=cfg.seed + 1, split="test")
+        write_trajectories(out / f"eval-{method}.jsonl", episodes)  # `memorywalker gap` can re-measure them
         gap = gap_report(model, renderer, episodes, [method])[method]
         batch = Batch.from_groups([[renderer.render(t)] for t in episodes], renderer=renderer)
         kl = run(model, batch, EngineConfig(method="sdcc"), backward=False).metrics
@@ -146,6 +153,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
             "logprob_abs_diff_floor": gap["floor"]["logprob_abs_diff"],
             "logprob_abs_diff_by_evictions": {k: v["logprob_abs_diff"] for k, v in gap["by_evictions"].items()},
             "targets_by_evictions": {k: v["targets"] for k, v in gap["by_evictions"].items()},
+            "targets": gap["overall"]["targets"],  # compared targets: rightmost loses the evicted ones
             "k3_kl": gap["overall"]["k3_kl"],
             "logit_drift": gap["overall"]["logit_drift"],
             "eps_kl": _num(kl.get("eps_kl_mean")),
@@ -179,13 +187,13 @@ def _fmt(x) -> str:
 
 
 COLUMNS = ("reward", "logprob_abs_diff", "logprob_abs_diff_heavy", "logprob_abs_diff_floor", "k3_kl",
-           "logit_drift", "eps_kl", "tokens", "seconds")
+           "logit_drift", "eps_kl", "targets", "tokens", "seconds")
 
 
 def results_table(doc: dict) -> str:
     """The results as a fixed-width text table (also what the README quotes)."""
     head = ["method", *COLUMNS]
-    rows = [[m, *(str(r[c]) if c in ("tokens", "seconds") else _fmt(r[c]) for c in COLUMNS)]
+    rows = [[m, *(str(r[c]) if c in ("targets", "tokens", "seconds") else _fmt(r[c]) for c in COLUMNS)]
             for m, r in doc["methods"].items()]
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731

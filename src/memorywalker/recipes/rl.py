@@ -29,7 +29,6 @@ Programmatic use (what ``memorywalker demo`` does)::
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -216,8 +215,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
 
     # --- final model ------------------------------------------------------------------------------------
     if info.is_main:
-        save_final(run_dir, model, tokenizer)
-        (run_dir / "final" / "memorywalker.json").write_text(json.dumps({"recipe": "rl", "steps": cfg.steps}))
+        save_final(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps})
     barrier()
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 

@@ -18,7 +18,6 @@ Programmatic use (what ``memorywalker demo`` does)::
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Literal
@@ -149,8 +148,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
 
     # --- final model ------------------------------------------------------------------------------------
     if info.is_main:
-        save_final(run_dir, model, tokenizer)
-        (run_dir / "final" / "memorywalker.json").write_text(json.dumps({"recipe": "sft", "steps": cfg.steps}))
+        save_final(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps})
     barrier()
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 

@@ -114,13 +114,16 @@ def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer
     return None
 
 
-def save_final(run_dir: str | Path, model, tokenizer) -> Path:
-    """``run_dir/final``: ``model.save_pretrained`` + the tokenizer, swapped into place atomically."""
+def save_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, Any] | None = None) -> Path:
+    """``run_dir/final``: ``model.save_pretrained`` + the tokenizer (+ ``memorywalker.json`` with
+    ``provenance``: recipe, steps), swapped into place atomically."""
     final = Path(run_dir) / "final"
     tmp = Path(run_dir) / f".tmp-final-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if provenance is not None:
+        (tmp / "memorywalker.json").write_text(json.dumps(provenance))
     old = Path(run_dir) / f".old-final-{os.getpid()}"
     if final.exists():
         os.replace(final, old)

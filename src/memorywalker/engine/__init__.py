@@ -30,17 +30,20 @@ ones. Attention: ``cfg.attention`` = ``sdpa`` | ``eager`` | ``flex`` switches th
 the model's current implementation.
 
 Gradient accumulation and data parallelism: normalization divides by a denominator summed over the
-whole optimizer step. Compute it once per step on every rank, and tell the engine how many ranks
-average their gradients::
+whole optimizer step. Compute it once per step on every rank and pass it to every ``run``; keep the
+model unwrapped and sum gradients across ranks once per step (what the recipes do)::
 
     dens = step_denominators(micro_batches, cfg)          # all-reduced when torch.distributed is up
     for mb in micro_batches:
-        with (ddp.no_sync() if mb is not micro_batches[-1] else nullcontext()):
-            run(ddp, mb, replace(cfg, dp_size=world_size), denominators=dens)
+        run(model, mb, cfg, denominators=dens)            # local gradients of Σ_rank-local loss / D_global
+    allreduce_gradients(model)                            # memorywalker.train.distributed: Σ over ranks
     optimizer.step()
 
-Inside one ``run`` under DDP only the last of several backward passes all-reduces. Every rank must
-call ``run`` equally often (collectives), and a micro-batch holds whole trees.
+Methods with several forwards per micro-batch (``per-call``, ``logit-tree``, ``sdcc``'s students) run a
+number of backward passes that depends on the trees a rank holds, so DDP's per-backward all-reduce
+would issue unequal collectives across ranks; one explicit all-reduce per step avoids that. A model
+wrapped in DDP anyway is still correct with ``dp_size = world_size`` (DDP averages), as long as every
+rank runs the same number of backward passes. A micro-batch holds whole trees.
 """
 
 from memorywalker.engine.run import (

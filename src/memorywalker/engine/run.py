@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -229,8 +228,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
                     kl_rows = kl_rows.index_put((k_idx,), kl, accumulate=True)
             if method.backward == "each":
                 if backward and chunk.requires_grad:
-                    with _no_sync(model, last=b == len(layout.buffers) - 1):
-                        chunk.backward()
+                    chunk.backward()
                 total = total + chunk.detach()
             else:
                 pending = pending + chunk
@@ -259,13 +257,6 @@ def _kl_term(layout: Layout, kl_rows: torch.Tensor, den: Denominators, cfg: Engi
     eps = torch.zeros(len(uniq), device=device).index_add(0, inv, kl_rows) / counts  # mean KL per student
     term = cfg.sdcc_lambda * eps.sum() / den.kl.to(device=device, dtype=eps.dtype).clamp(min=1) * cfg.dp_size  # λ · mean_j KL_j
     return eps.detach(), term
-
-
-def _no_sync(model, last: bool):
-    """Under DDP, only the last backward of a micro-batch all-reduces (the earlier ones accumulate)."""
-    if not last and hasattr(model, "no_sync"):
-        return model.no_sync()
-    return contextlib.nullcontext()
 
 
 def _metrics(batch: Batch, layout: Layout, method: Method, backward: bool, logprobs: torch.Tensor,

@@ -84,7 +84,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("normalization", ["token", pytest.param("trajectory", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("normalization", ["token", "trajectory"])
 def test_grad_accumulation_and_data_parallel_give_the_same_update(kit, tmp_path, normalization):
     """One step on 4 episodes of unequal length (so token and trajectory normalization differ) as one
     micro-batch, as 2 micro-batches, and as 2 gloo ranks × 1 micro-batch: the same gradient norm (1e-5)
@@ -120,7 +120,6 @@ def _sft_cmd(data: Path, run_dir: Path, kit, *extra: str) -> list[str]:
             f"tokenizer={kit[0]}", "steps=12", "batch_size=2", "lr=5e-3", "save_every=3", "--no-progress", *extra]
 
 
-@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(kit, tmp_path):
     data = tmp_path / "data.jsonl"
     write_trajectories(data, episodes(5))

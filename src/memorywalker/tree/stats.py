@@ -11,8 +11,8 @@ Per trajectory (its own :class:`ConditioningTree`) and in total:
   ``target_share`` = target_positions / U;
 * ``dilution`` = causal prediction terms / target_positions, where an unmasked loss over the tree
   buffer has U − roots prediction terms (every token but a root's first is predicted);
-* ``rightmost_lost_targets`` — targets of selected calls whose response message is absent from the
-  final call's sequence, so the rightmost-path baseline never trains them;
+* ``rightmost_lost_targets`` — targets of selected calls whose response tokens are not found in the
+  final call's sequence, so the rightmost-path baseline never trains them (its layout's own rule);
 * ``zero_target_calls`` by reason.
 
 Occupancy for ``max_length`` N over all trees: ``padded`` = Σ U_i / (rows · N) with one tree per row;
@@ -95,9 +95,12 @@ def tree_stats(rendered: RenderedTrajectory, tree: ConditioningTree | None = Non
     by_role = Counter(ROLES[r] for r in tree.role.tolist())
     positions = set(tree.targets.position.tolist())
 
-    final = traj.calls[-1]
-    in_final = {*final.context, final.response}
-    lost = sum(len(rc.targets) for rc, c in zip(rendered.calls, traj.calls, strict=True) if c.response not in in_final)
+    # The same rule the `rightmost` method trains with (a response is kept where its tokens are found
+    # in the final S_T), so inspect and the engine never disagree on what the baseline loses.
+    from memorywalker.layout.batch import Batch  # layout builds on tree: import at use
+    from memorywalker.layout.methods import rightmost_layout
+
+    lost = int(rightmost_layout(Batch.from_trees([tree]), max_tokens=len(tree)).lost.sum())
 
     return TreeStats(
         id=traj.id,

@@ -79,11 +79,11 @@ def allreduce_gradients(model: torch.nn.Module) -> None:
     """Sum gradients across ranks in one flat buffer per dtype/device (DDP-equivalent, once per step)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    for p, g in zip((p for p in model.parameters() if p.requires_grad), grads, strict=True):
-        if g is None:  # a parameter unused on this rank still takes part in the sum
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # a parameter unused on this rank still takes part in the sum
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    grads = [p.grad for p in params]
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         buckets.setdefault((g.dtype, g.device), []).append(g)

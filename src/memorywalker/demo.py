@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from memorywalker.metrics.gap import fmt_metric as _fmt
+
 METHODS = ("dfs", "rightmost", "sdcc", "logit-tree", "tree-mask")
 
 
@@ -178,12 +180,6 @@ def _num(v) -> float:
     if v is None:
         return float("nan")
     return float(v.item()) if hasattr(v, "item") else float(v)
-
-
-def _fmt(x) -> str:
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return "-"
-    return f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}"
 
 
 COLUMNS = ("reward", "logprob_abs_diff", "logprob_abs_diff_heavy", "logprob_abs_diff_floor", "k3_kl",

@@ -15,12 +15,9 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 DEFAULT_METHODS = ["dfs", "rightmost", "sdcc", "logit-tree", "tree-mask"]
 
 
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.2e}" if abs(x) < 1e-3 and x != 0 else f"{x:.4f}"
-
-
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
     from memorywalker.metrics.gap import BUCKETS
+    from memorywalker.metrics.gap import fmt_metric as _fmt
 
     table = Table(title=title)
     for c in ["method", "targets", "logprob_abs_diff", "floor", "heavy (2+)",

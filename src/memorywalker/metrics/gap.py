@@ -50,6 +50,17 @@ def evictions_before_calls(traj: Trajectory) -> list[int]:
     return np.cumsum(at)[:-1].tolist()
 
 
+def fmt_metric(x: float | None) -> str:
+    """A metric for a table: ``-`` when absent, scientific below 1e-3 (the floor is ~1e-7), else 4 decimals.
+
+    >>> fmt_metric(None), fmt_metric(8.1e-07), fmt_metric(0.85271), fmt_metric(0.0)
+    ('-', '8.10e-07', '0.8527', '0.0000')
+    """
+    if x is None or x != x:  # None or NaN
+        return "-"
+    return f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}"
+
+
 def bucket_of(k: int) -> str:
     return BUCKETS[min(k, 3)]
 

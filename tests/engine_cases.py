@@ -45,17 +45,21 @@ def random_groups(renderer: Renderer, seed: int = 0) -> list:
     long = synthetic_trajectory(SyntheticSpec(turns=9, evictions=6, words=5, retries=1, seed=seed), f"long-{seed}")
     group = synthetic_group(SyntheticSpec(turns=4, evictions=2, words=5, seed=seed), f"grp-{seed}", 3)
     short = synthetic_trajectory(SyntheticSpec(turns=3, evictions=0, words=5, seed=seed), f"short-{seed}")
-    return [[renderer.render(long)], [renderer.render(t) for t in group], [renderer.render(short)]]
+
+    def render(t):
+        return renderer.render(t, full_view=True)
+
+    return [[render(long)], [render(t) for t in group], [render(short)]]
 
 
 def random_batch(renderer: Renderer, seed: int = 0) -> Batch:
-    return Batch.from_groups(random_groups(renderer, seed), renderer=renderer)
+    return Batch.from_groups(random_groups(renderer, seed))
 
 
 def no_eviction_batch(renderer: Renderer, seed: int = 0) -> Batch:
     trajs = [synthetic_trajectory(SyntheticSpec(turns=4, evictions=0, words=5, seed=seed + i), f"plain-{seed}-{i}")
              for i in range(2)]
-    return Batch.from_groups([[renderer.render(t)] for t in trajs], renderer=renderer)
+    return Batch.from_groups([[renderer.render(t, full_view=True)] for t in trajs])
 
 
 def grads(model) -> list[torch.Tensor]:

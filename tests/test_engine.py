@@ -117,15 +117,15 @@ def test_eager_and_sdpa_backends_agree(kit, renderer):
 def test_unknown_names_list_the_valid_ones(kit, renderer):
     model = load_model(kit[1])
     batch = no_eviction_batch(renderer)
-    with pytest.raises(ValueError, match=r"unknown method 'tree'.*logit-tree.*tree-mask"):
+    with pytest.raises(ValueError, match=r"unknown method 'tree'.*logit-tree.*radix.*tree-mask"):
         run(model, batch, EngineConfig(method="tree"))
     with pytest.raises(ValueError, match=r"unknown objective 'dpo'.*grpo.*nll.*ppo"):
         run(model, batch, EngineConfig(objective="dpo"))
     with pytest.raises(ValueError, match=r"unknown normalization 'seq'.*trajectory"):
         run(model, batch, EngineConfig(normalization="seq"))
     with pytest.raises(ValueError, match=r"unknown attention backend 'flash'.*eager.*flex.*sdpa"):
-        run(model, batch, EngineConfig(attention="flash"))
-    assert set(METHODS) == {"per-call", "logit-tree", "tree-mask", "dfs", "rightmost", "sdcc"}
+        run(model, batch, EngineConfig(method="tree-mask", attention="flash"))
+    assert set(METHODS) == {"per-call", "logit-tree", "radix", "tree-mask", "dfs", "rightmost", "sdcc"}
     assert set(OBJECTIVES) == {"nll", "ppo", "grpo"}
 
 

@@ -7,7 +7,6 @@ from transformers import AutoModelForCausalLM
 
 from memorywalker.engine import EngineConfig, layout_for, run
 from memorywalker.layout.batch import Batch
-from memorywalker.layout.fullview import build_full_view
 from memorywalker.records import TrajectoryBuilder
 from memorywalker.render import Renderer, message_to_hf
 
@@ -42,13 +41,13 @@ def sampled_episode(tokenizer):
 def test_full_view_holds_the_sampled_tokens_and_matches_every_call(tokenizer):
     traj, r0 = sampled_episode(tokenizer)
     renderer = Renderer(tokenizer)
-    rt = renderer.render(traj)
+    rt = renderer.render(traj, full_view=True)
     assert rt.calls[0].rendered_response != r0  # the sample is not the canonical tokenization
-    view = build_full_view(rt, renderer)
+    view = rt.full_view
     assert view.unmatched == [] and set(view.response_start) == {0, 1}
     start = view.response_start[0]
     assert view.token_ids[start: start + len(r0)].tolist() == r0
-    layout = layout_for(Batch.from_groups([[rt]], renderer=renderer), EngineConfig(method="sdcc"))
+    layout = layout_for(Batch.from_groups([[rt]]), EngineConfig(method="sdcc"))
     assert not layout.lost.any() and len(layout.kl_call) == len(rt.calls[1].targets)
 
 
@@ -58,7 +57,7 @@ def test_first_call_in_the_full_view_equals_per_call(kit, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
     traj, r0 = sampled_episode(tokenizer)
     renderer = Renderer(tokenizer)
-    batch = Batch.from_groups([[renderer.render(traj)]], renderer=renderer)
+    batch = Batch.from_groups([[renderer.render(traj, full_view=True)]])
     first = torch.from_numpy(batch.targets.call == 0)
     ref = run(model, batch, EngineConfig(method="per-call"), backward=False).logprobs
     got = run(model, batch, EngineConfig(method="sdcc"), backward=False).logprobs
@@ -82,11 +81,11 @@ def test_harness_side_calls_keep_their_own_context(kit, tokenizer):
     traj = b.build()
 
     renderer = Renderer(tokenizer)
-    rt = renderer.render(traj)
-    view = build_full_view(rt, renderer)
+    rt = renderer.render(traj, full_view=True)
+    view = rt.full_view
     assert view.harness_calls == [1] and set(view.response_start) == {0, 2}
     assert "The user asks" not in tokenizer.decode(view.token_ids.tolist())
-    batch = Batch.from_groups([[rt]], renderer=renderer)
+    batch = Batch.from_groups([[rt]])
     layout = layout_for(batch, EngineConfig(method="sdcc"))
     assert not layout.lost.any() and set(layout.kl_call.tolist()) == {2}
     model = AutoModelForCausalLM.from_pretrained(kit[1]).eval()

@@ -6,9 +6,21 @@ import numpy as np
 import pytest
 
 from engine_cases import no_eviction_batch, random_batch, random_groups
+from memorywalker.engine import get_method
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
-from memorywalker.layout import Batch, Piece, build_layout, full_view_messages, pack
+from memorywalker.layout import (
+    Batch,
+    Piece,
+    dfs_layout,
+    logit_tree_layout,
+    pack,
+    per_call_layout,
+    rightmost_layout,
+    sdcc_layout,
+    tree_layout,
+)
 from memorywalker.render import ROLE_ID, Renderer
+from memorywalker.render.fullview import full_view_messages
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +52,7 @@ def test_pack_first_fit_decreasing_within_max_tokens():
 
 
 def test_tree_mask_buffer_is_the_ancestor_mask_and_labels_follow_parents(batch):
-    layout = build_layout(batch, "tree-mask", max_tokens=1400)
+    layout = tree_layout(batch, 1400)
     assert len(layout.buffers) < len(batch.trees)  # several trees share a buffer
     offset = 0
     tree_at = {}
@@ -86,9 +98,9 @@ def test_forest_computes_a_shared_prompt_once(renderer):
 
 
 def test_method_token_counts_and_passes(batch):
-    per_call = build_layout(batch, "per-call")
-    logit_tree = build_layout(batch, "logit-tree")
-    tree = build_layout(batch, "tree-mask", max_tokens=100_000)
+    per_call = per_call_layout(batch, 8192)
+    logit_tree = logit_tree_layout(batch, 8192)
+    tree = tree_layout(batch, 100_000)
     assert per_call.tokens == sum(c.length for c in batch.calls if c.selected)  # Σ |S_t|
     assert tree.tokens == sum(len(t) for t in batch.trees) and len(tree.buffers) == 1  # unique tokens
     assert tree.tokens < logit_tree.tokens < per_call.tokens
@@ -101,10 +113,10 @@ def test_method_token_counts_and_passes(batch):
 def test_dfs_shifts_labels_inside_the_buffer(batch):
     """dfs: the tree's DFS buffer under a causal mask, positions 0..n-1, label i predicted by i − 1."""
     one = batch.split([[0]])[0]
-    (buf,) = build_layout(one, "dfs", max_tokens=100_000).buffers
+    (buf,) = dfs_layout(one, 100_000).buffers
     np.testing.assert_array_equal(buf.position_ids, np.arange(len(buf)))
     assert (buf.tout == len(buf)).all()  # causal
-    (tree,) = build_layout(one, "tree-mask", max_tokens=100_000).buffers
+    (tree,) = tree_layout(one, 100_000).buffers
     np.testing.assert_array_equal(buf.token_ids, tree.token_ids)
     np.testing.assert_array_equal(buf.target_pred, one.targets.position - 1)
     moved = buf.target_pred != tree.target_pred  # first token of a node after a branch
@@ -112,7 +124,7 @@ def test_dfs_shifts_labels_inside_the_buffer(batch):
 
 
 def test_rightmost_loses_evicted_responses_only(renderer, batch):
-    lay = build_layout(batch, "rightmost", max_tokens=100_000)
+    lay = rightmost_layout(batch, 100_000)
     assert lay.lost.any() and (lay.weight[lay.lost] == 0).all()
     # A lost target's response does not appear in its trajectory's final S_T; a kept one does.
     for tree_i, tree in enumerate(batch.trees):
@@ -125,7 +137,7 @@ def test_rightmost_loses_evicted_responses_only(renderer, batch):
                 run = batch.targets.label[r].tolist()
                 found = any(final[i:i + len(run)] == run for i in range(len(final) - len(run) + 1))
                 assert found != lay.lost[r].all()
-    plain = build_layout(no_eviction_batch(renderer), "rightmost")
+    plain = rightmost_layout(no_eviction_batch(renderer), 8192)
     assert not plain.lost.any()
 
 
@@ -139,8 +151,8 @@ def test_full_view_is_uncompressed_and_chronological(renderer):
     assert removed - {m.id for m in traj.messages if m.is_artifact} <= set(ids)  # evicted raw content is back
     responses = [c.response for c in traj.calls]
     assert [i for i in ids if i in responses] == responses  # each response once, in order
-    batch = Batch.from_groups([[renderer.render(traj)]], renderer=renderer)
-    lay = build_layout(batch, "sdcc")
+    batch = Batch.from_groups([[renderer.render(traj, full_view=True)]])
+    lay = sdcc_layout(batch, 8192)
     assert not lay.lost.any() and not lay.unmatched_calls
     view = lay.buffers[0]
     for row, pred in zip(view.target_row, view.target_pred, strict=True):
@@ -148,6 +160,6 @@ def test_full_view_is_uncompressed_and_chronological(renderer):
     assert ROLE_ID["artifact"] not in set(renderer.render_messages(msgs, None)[1])
 
 
-def test_unknown_method_lists_valid_names(batch):
-    with pytest.raises(ValueError, match=r"unknown method 'bfs'; valid: \['dfs', 'logit-tree', 'per-call'"):
-        build_layout(batch, "bfs")
+def test_unknown_method_lists_valid_names():
+    with pytest.raises(ValueError, match=r"unknown method 'bfs'; valid: \['per-call', 'logit-tree', 'radix'"):
+        get_method("bfs")

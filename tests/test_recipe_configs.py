@@ -30,7 +30,7 @@ def test_every_shipped_config_instantiates(path):
 def test_unknown_keys_and_bad_values_fail_with_the_valid_ones():
     with pytest.raises(ConfigError, match=r"unknown key 'batchsize'; valid keys: .*batch_size"):
         load_config(SFTConfig, None, ["batchsize=4"])
-    with pytest.raises(ConfigError, match=r"unknown method 'tree'; valid: \['dfs', 'logit-tree'"):
+    with pytest.raises(ConfigError, match=r"unknown method 'tree'; valid: \['per-call', 'logit-tree', 'radix'"):
         load_config(RLConfig, None, ["method=tree"])
     with pytest.raises(ConfigError, match="unknown harness"):
         load_config(RLConfig, None, ["harness=zip"])

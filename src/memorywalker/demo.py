@@ -6,10 +6,10 @@
    Llama, saved as ordinary Hugging Face directories.
 2. **Expert data.** Scripted expert episodes on the train split under a compressing harness (most see
    1–4 evictions).
-3. **SFT warm start** on them with the exact ``tree-mask`` method.
+3. **SFT warm start** on them with the exact ``radix`` method.
 4. **RL, once per method.** From that same checkpoint, with the same seed and the same budget, GRPO on
-   episodes the model itself collects under compression, trained with ``dfs``, ``rightmost``, ``sdcc``,
-   ``logit-tree`` and ``tree-mask``.
+   episodes the model itself collects under compression, trained with every registered method but the
+   per-call reference (``memorywalker.engine.METHODS``).
 5. **Evaluation** of each resulting model on held-out (test split) tasks under the same harness:
    reward; the gap between the trainer's logprobs under the method's conditioning and the rollout
    logprobs the sampler recorded (overall, on eviction-heavy targets, on the floor); k3 KL; logit drift
@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from memorywalker.engine.methods import method_names
 from memorywalker.metrics.gap import fmt_metric as _fmt
 
-METHODS = ("dfs", "rightmost", "sdcc", "logit-tree", "tree-mask")
+METHODS = tuple(method_names(reference=False))
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class DemoConfig:
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 4
-    # --- SFT warm start (tree-mask)
+    # --- SFT warm start (radix)
     sft_episodes: int = 64
     sft_steps: int = 160
     sft_batch: int = 4
@@ -110,9 +111,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     evictions = {k: summary.evictions[k] for k in sorted(summary.evictions)}
     log(f"[data] {len(expert)} expert episodes, success {summary.success:.2f}, evictions per episode {evictions}")
 
-    # --- 3. SFT warm start (exact tree-mask) -------------------------------------------------------------
+    # --- 3. SFT warm start (exact radix) ----------------------------------------------------------------
     t0 = time.perf_counter()
-    warm = sft.train(sft.SFTConfig(model=str(model_dir), run_dir=str(out / "sft"), method="tree-mask",
+    warm = sft.train(sft.SFTConfig(model=str(model_dir), run_dir=str(out / "sft"), method="radix",
                                    steps=cfg.sft_steps, batch_size=cfg.sft_batch, lr=cfg.sft_lr, warmup_steps=10,
                                    max_tokens=2048, save_every=cfg.sft_steps, seed=cfg.seed),
                      trajectories=expert, progress=progress)
@@ -146,7 +147,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
                                seed=cfg.seed + 1, split="test")
         write_trajectories(out / f"eval-{method}.jsonl", episodes)  # `memorywalker gap` can re-measure them
         gap = gap_report(model, renderer, episodes, [method])[method]
-        batch = Batch.from_groups([[renderer.render(t)] for t in episodes], renderer=renderer)
+        batch = Batch.from_groups([[renderer.render(t, full_view=True)] for t in episodes])
         kl = run(model, batch, EngineConfig(method="sdcc"), backward=False).metrics
         results[method] = {
             "reward": ev.success,

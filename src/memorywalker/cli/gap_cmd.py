@@ -12,9 +12,6 @@ from rich.table import Table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
-DEFAULT_METHODS = ["dfs", "rightmost", "sdcc", "logit-tree", "tree-mask"]
-
-
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
     from memorywalker.metrics.gap import BUCKETS
     from memorywalker.metrics.gap import fmt_metric as _fmt
@@ -35,7 +32,8 @@ def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
 def gap(
     model: Path = typer.Option(..., exists=True, file_okay=False, help="Hugging Face causal LM directory."),
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="Trajectory JSONL with rollout logprobs."),
-    method: list[str] = typer.Option(DEFAULT_METHODS, help="Methods to compare (repeat the option)."),
+    method: list[str] = typer.Option(None, help="Methods to compare (repeat the option; default: every "
+                                                "registered method but the per-call reference)."),
     tokenizer: Path | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
     drift: bool = typer.Option(True, help="Also compute logit drift (full next-token distributions)."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
@@ -48,14 +46,15 @@ def gap(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memorywalker.engine import METHODS
+    from memorywalker.engine import METHODS, method_names
     from memorywalker.metrics.gap import gap_report
     from memorywalker.records import TrajectoryReader
     from memorywalker.render import Renderer
 
+    method = method or method_names(reference=False)
     unknown = [m for m in method if m not in METHODS]
     if unknown:
-        raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {sorted(METHODS)}")
+        raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
     tok = AutoTokenizer.from_pretrained(tokenizer or model)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
     reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok))

@@ -17,7 +17,7 @@ import typer
 
 RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalker.recipes.rl", "RLConfig")}
 HELP = {
-    "sft": "Supervised fine-tuning on recorded episodes (masked NLL), with any of the six methods.",
+    "sft": "Supervised fine-tuning on recorded episodes (masked NLL), with any registered method.",
     "rl": "GRPO with PPO-clip ratios against the rollout logprobs, on episodes collected under compression.",
 }
 
@@ -27,7 +27,7 @@ def _command(recipe: str):
         overrides: list[str] = typer.Argument(None, help="key=value config overrides", show_default=False),
         config: Path = typer.Option(None, "--config", "-c", help="TOML config file", exists=True, dir_okay=False),
         method: str = typer.Option(None, "--method", "-m",
-                                   help="per-call | logit-tree | tree-mask | dfs | rightmost | sdcc"),
+                                   help="a training method (`memorywalker methods` lists them)"),
         resume: bool = typer.Option(False, "--resume", help="continue from run_dir's newest checkpoint"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
     ) -> None:

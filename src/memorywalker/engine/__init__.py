@@ -4,8 +4,8 @@ API::
 
     from memorywalker.engine import Batch, EngineConfig, run, step_denominators
 
-    batch = Batch.from_groups(groups, renderer=renderer)   # groups: list[list[RenderedTrajectory]]
-    cfg = EngineConfig(method="tree-mask", objective="nll", normalization="token")
+    batch = Batch.from_groups(groups)      # groups: list[list[RenderedTrajectory]] (sdcc: full_view=True)
+    cfg = EngineConfig(method="radix", objective="nll", normalization="token")
     result = run(model, batch, cfg)        # forwards + backward(s): grads accumulate in model.parameters()
     optimizer.step(); optimizer.zero_grad()
 
@@ -14,7 +14,8 @@ API::
 * ``result.loss`` — scalar, detached: the loss whose gradient was accumulated;
 * ``result.logprobs`` — float32 [N], per target of ``batch.targets`` (NaN where the method lost it);
 * ``result.weight`` — float32 [N], the weights trained with (0 on lost targets);
-* ``result.metrics`` — ``forwards``, ``backwards``, ``tokens``, ``buffers``, ``targets``,
+* ``result.metrics`` — ``forwards``, ``backwards``, ``tokens`` (the layout's), ``processed_tokens``
+  (what the forwards ran, radix batch padding included), ``buffers``, ``targets``,
   ``lost_targets``, objective stats (``mean_ratio``, ``mean_clipped``, ``mean_tis_weight``), gap
   metrics against recorded rollout logprobs (``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
   ``log_ppl_abs_diff``) and for ``sdcc`` ``eps_kl_mean``, ``eps_kl_max``, ``tv_bound`` (= sqrt(eps_kl/2),
@@ -22,12 +23,13 @@ API::
   recipe syncs and logs once.
 * ``result.eps_kl`` — sdcc: [J] the mean per-token KL of each student.
 
-Methods (:data:`METHODS`): ``per-call``, ``logit-tree``, ``tree-mask``, ``dfs``, ``rightmost``, ``sdcc``
-(DESIGN.md). Objectives (:data:`OBJECTIVES`): ``nll``, ``ppo`` (PPO-clip on the targets' advantages,
+Methods: one :class:`Method` each in the registry :data:`METHODS` (``engine/methods.py``: layout,
+forward schedule, backward schedule, KL term, exactness). Objectives (:data:`OBJECTIVES`): ``nll``, ``ppo`` (PPO-clip on the targets' advantages,
 ratio against ``batch.old_logprob``, else the rollout logprobs, else on-policy), ``grpo`` (PPO-clip with
 group-relative advantages from trajectory rewards; a tree = a group). Unknown names raise with the valid
-ones. Attention: ``cfg.attention`` = ``sdpa`` | ``eager`` | ``flex`` switches the model to it; None uses
-the model's current implementation.
+ones. Methods on the ``mask`` schedule (``tree-mask``) run under ``cfg.attention`` = ``sdpa`` | ``eager``
+| ``flex`` (None: the model's current implementation); the ``radix`` schedule uses its own attention
+kernel (``attention/prefix.py``) and builds no mask.
 
 Gradient accumulation and data parallelism: normalization divides by a denominator summed over the
 whole optimizer step. Compute it once per step on every rank and pass it to every ``run``; keep the
@@ -46,15 +48,13 @@ wrapped in DDP anyway is still correct with ``dp_size = world_size`` (DDP averag
 rank runs the same number of backward passes. A micro-batch holds whole trees.
 """
 
+from memorywalker.engine.methods import METHODS, Method, get_method, method_names, needs_full_view
 from memorywalker.engine.run import (
-    METHODS,
     OBJECTIVES,
     Denominators,
     EngineConfig,
     EngineResult,
-    Method,
     Objective,
-    get_method,
     get_objective,
     layout_for,
     run,
@@ -74,6 +74,8 @@ __all__ = [
     "get_method",
     "get_objective",
     "layout_for",
+    "method_names",
+    "needs_full_view",
     "run",
     "step_denominators",
 ]

@@ -1,12 +1,23 @@
-"""One model forward over one buffer: per-target log-probabilities and, where asked, full logits."""
+"""Forwards over a layout: per-target log-probabilities and, where asked, full logits.
+
+:func:`forward_layout` is the one place a layout meets a model; the engine (training), ``gap`` and
+``bench`` all go through it. Each buffer runs its method's schedule (``engine/methods.py``): the
+shared-prefix ``radix`` schedule, or one masked forward (:func:`forward_masked`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from memorywalker.attention.masks import Backend, pad_length
+from memorywalker.attention.masks import Backend, backend_of, pad_length
+from memorywalker.engine.methods import Method
+from memorywalker.engine.radix import forward_radix
 from memorywalker.layout.buffers import Buffer
+from memorywalker.layout.layouts import Layout
 
 
 def model_dtype(model) -> torch.dtype:
@@ -17,9 +28,9 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_buffer(model, buf: Buffer, labels: torch.Tensor, backend: Backend
+def forward_masked(model, buf: Buffer, labels: torch.Tensor, backend: Backend
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run ``model`` on ``buf``; return (log p(label) per buffer target [M] float32, logits at the
+    """Run ``model`` on ``buf`` in one forward under its explicit ancestor mask; return (log p(label) per buffer target [M] float32, logits at the
     buffer's KL positions [J, V] or None).
 
     ``labels`` int64 [M] are the target token ids (aligned to ``buf.target_row``). Logits are computed
@@ -50,3 +61,29 @@ def forward_buffer(model, buf: Buffer, labels: torch.Tensor, backend: Backend
     logprob = logits[t_idx, labels.to(device)].float() - lse[t_idx]  # log p(y) = z_y − logsumexp(z)
     kl_logits = logits[torch.from_numpy(inv[m:]).to(device)] if len(buf.kl_pred) else None
     return logprob, kl_logits
+
+
+@dataclass
+class BufferOutput:
+    buffer: Buffer
+    logprob: torch.Tensor  # float32 [M] log p(label) of the buffer's targets (aligned to buffer.target_row)
+    kl_logits: torch.Tensor | None  # [J, V] logits at the buffer's KL positions
+    forwards: int  # model forwards this buffer took
+    tokens: int  # tokens those forwards processed (radix batches: padding included)
+
+
+def forward_layout(model, layout: Layout, labels: torch.Tensor, method: Method, max_tokens: int,
+                   backend: Backend | None = None) -> Iterator[BufferOutput]:
+    """Run every buffer of ``layout`` under ``method``'s schedule, one at a time (the caller may
+    backpropagate each before the next is built). ``labels`` int64 [N] are the batch targets' label ids;
+    ``backend`` is the attention backend of the ``mask`` schedule (default: the model's)."""
+    device = model_device(model)
+    labels = labels.to(device)
+    for buf in layout.buffers:
+        rows = torch.from_numpy(buf.target_row).to(device)
+        if method.schedule == "mask" and len(buf) <= max_tokens:
+            lp, kl = forward_masked(model, buf, labels[rows], backend or backend_of(model))
+            yield BufferOutput(buf, lp, kl, 1, pad_length(len(buf), (backend or backend_of(model)).multiple))
+        else:
+            lp, kl, stats = forward_radix(model, buf, labels[rows], max_tokens)
+            yield BufferOutput(buf, lp, kl, stats["forwards"], stats["tokens"])

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from memorywalker.attention.masks import Backend, backend_of, use_backend
-from memorywalker.engine.forward import forward_buffer, model_device
+from memorywalker.attention.masks import backend_of, use_backend
+from memorywalker.engine.forward import forward_layout, model_device
+from memorywalker.engine.methods import get_method
 from memorywalker.layout.batch import Batch
-from memorywalker.layout.methods import LAYOUTS, Layout, build_layout
+from memorywalker.layout.layouts import Layout
 from memorywalker.objectives.losses import behaviour_logprob, forward_kl, grpo_advantages, nll, ppo_clip
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
@@ -19,11 +20,13 @@ from memorywalker.objectives.normalize import aggregate, normalize, reduce_denom
 
 @dataclass
 class EngineConfig:
-    method: str = "tree-mask"  # one of METHODS
+    method: str = "radix"  # a name in memorywalker.engine.methods.METHODS
     objective: str = "nll"  # one of OBJECTIVES
     normalization: str = "token"  # token | call | trajectory | sequence
-    attention: str | None = None  # sdpa | eager | flex; None = the model's current implementation
-    max_tokens: int = 8192  # buffer size for packed methods (tree-mask, dfs, rightmost)
+    attention: str | None = None  # mask schedule: sdpa | eager | flex; None = the model's current one
+    # Tokens per forward: the packed buffer size of the masked schedule, the chunk (and batch) size of
+    # the radix schedule (a longer node runs in chunks of this many tokens against its cached prefix).
+    max_tokens: int = 8192
     clip_low: float = 0.2  # PPO ε for ratios below 1
     clip_high: float = 0.2  # PPO ε for ratios above 1 (DAPO's clip-higher uses 0.28)
     tis_cap: float | None = None  # truncated importance sampling cap C (e.g. 2.0); None = off
@@ -102,32 +105,11 @@ OBJECTIVES: dict[str, Objective] = {
 }
 
 
-@dataclass(frozen=True)
-class Method:
-    backward: str  # "each": backward after every forward (gradients accumulate) | "once": one backward
-    kl: bool = False  # SDCC: λ · mean KL(teacher ‖ student) is added to the loss
-
-
-METHODS: dict[str, Method] = {
-    "per-call": Method("each"),
-    "logit-tree": Method("each"),
-    "tree-mask": Method("each"),
-    "dfs": Method("each"),
-    "rightmost": Method("each"),
-    "sdcc": Method("once", kl=True),
-}
-assert set(METHODS) == set(LAYOUTS)
-
-
 def _lookup(table: dict, name: str, what: str):
     try:
         return table[name]
     except KeyError:
         raise ValueError(f"unknown {what} {name!r}; valid: {sorted(table)}") from None
-
-
-def get_method(name: str) -> Method:
-    return _lookup(METHODS, name, "method")
 
 
 def get_objective(name: str) -> Objective:
@@ -138,9 +120,7 @@ def get_objective(name: str) -> Objective:
 
 
 def layout_for(batch: Batch, cfg: EngineConfig) -> Layout:
-    get_method(cfg.method)
-    kw = {"students": cfg.sdcc_students} if cfg.method == "sdcc" else {}
-    return build_layout(batch, cfg.method, cfg.max_tokens, **kw)
+    return get_method(cfg.method).build_layout(batch, cfg)
 
 
 def _local_denominators(batch: Batch, layout: Layout, cfg: EngineConfig):
@@ -178,10 +158,12 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     """
     cfg = cfg or EngineConfig()
     method, objective = get_method(cfg.method), get_objective(cfg.objective)
-    backend: Backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
+    backend = None
+    if method.schedule == "mask":
+        backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
     layout = layout_for(batch, cfg)
     device = model_device(model)
-    if backend.name == "flex" and backward and device.type != "cuda":
+    if backend is not None and backend.name == "flex" and backward and device.type != "cuda":
         raise ValueError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
                          "or run flex with backward=False")
     tg = batch.targets
@@ -192,7 +174,6 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         denominators = Denominators(reduce_denominator([d_local]), reduce_denominator([k_local]))
     coef = coef.to(device)
     den = denominators.loss.to(device)
-    labels = torch.from_numpy(tg.label).to(device)
     cols = Columns(
         advantage=torch.from_numpy(np.asarray(objective.advantage(batch, cfg), dtype=np.float32)).to(device),
         rollout_logprob=torch.from_numpy(tg.rollout_logprob).to(device),
@@ -205,11 +186,15 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     pending = torch.zeros((), device=device)  # graph of a one-backward method
     teacher: torch.Tensor | None = None  # [J, V] detached teacher log-probabilities (sdcc)
     kl_rows = torch.zeros(len(layout.kl_call), device=device)
+    passes = {"forwards": 0, "tokens": 0, "backwards": 0}
     grad = torch.enable_grad() if backward else torch.no_grad()
     with grad:
-        for b, buf in enumerate(layout.buffers):
+        outputs = forward_layout(model, layout, torch.from_numpy(tg.label), method, cfg.max_tokens, backend)
+        for b, out in enumerate(outputs):
+            buf, logprob, kl_logits = out.buffer, out.logprob, out.kl_logits
+            passes["forwards"] += out.forwards
+            passes["tokens"] += out.tokens
             rows = torch.from_numpy(buf.target_row).to(device)
-            logprob, kl_logits = forward_buffer(model, buf, labels[rows], backend)
             logprobs[rows] = logprob.detach()
             chunk = torch.zeros((), device=device)
             if len(rows):
@@ -229,6 +214,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
             if method.backward == "each":
                 if backward and chunk.requires_grad:
                     chunk.backward()
+                    passes["backwards"] += 1
                 total = total + chunk.detach()
             else:
                 pending = pending + chunk
@@ -240,9 +226,10 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         if method.backward == "once":
             if backward and pending.requires_grad:
                 pending.backward()
+                passes["backwards"] += 1
             total = pending.detach()
 
-    metrics = _metrics(batch, layout, method, backward, logprobs, stats, eps_kl)
+    metrics = _metrics(batch, layout, passes, logprobs, stats, eps_kl)
     metrics["loss"] = total
     return EngineResult(total, logprobs, torch.from_numpy(layout.weight), metrics, layout, eps_kl)
 
@@ -259,14 +246,14 @@ def _kl_term(layout: Layout, kl_rows: torch.Tensor, den: Denominators, cfg: Engi
     return eps.detach(), term
 
 
-def _metrics(batch: Batch, layout: Layout, method: Method, backward: bool, logprobs: torch.Tensor,
+def _metrics(batch: Batch, layout: Layout, passes: dict[str, int], logprobs: torch.Tensor,
              stats: dict[str, torch.Tensor], eps_kl: torch.Tensor | None) -> dict:
-    passes = len(layout.buffers)
     out: dict = {
-        "forwards": passes,
-        "backwards": 0 if not backward else (passes if method.backward == "each" else int(passes > 0)),
-        "tokens": layout.tokens,
-        "buffers": passes,
+        "forwards": passes["forwards"],
+        "backwards": passes["backwards"],
+        "tokens": layout.tokens,  # the layout's tokens (what the forwards see)
+        "processed_tokens": passes["tokens"],  # what the forwards ran: radix batch padding included
+        "buffers": len(layout.buffers),
         "targets": len(batch.targets),
         "lost_targets": int(layout.lost.sum()),
     }

@@ -3,20 +3,29 @@ attention pattern as Euler intervals, and targets with the position that predict
 
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.buffers import Buffer, Piece, one_per_buffer, pack
-from memorywalker.layout.fullview import FullView, build_full_view, full_view_messages
-from memorywalker.layout.methods import LAYOUTS, Layout, build_layout, full_views
+from memorywalker.layout.layouts import (
+    Layout,
+    dfs_layout,
+    full_views,
+    logit_tree_layout,
+    per_call_layout,
+    rightmost_layout,
+    sdcc_layout,
+    tree_layout,
+)
 
 __all__ = [
-    "LAYOUTS",
     "Batch",
     "Buffer",
-    "FullView",
     "Layout",
     "Piece",
-    "build_full_view",
-    "build_layout",
-    "full_view_messages",
+    "dfs_layout",
     "full_views",
+    "logit_tree_layout",
     "one_per_buffer",
     "pack",
+    "per_call_layout",
+    "rightmost_layout",
+    "sdcc_layout",
+    "tree_layout",
 ]

@@ -12,11 +12,11 @@ per-target values aligned to it, whatever buffers it computed them in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from memorywalker.render.render import RenderedTrajectory, Renderer
+from memorywalker.render.render import RenderedTrajectory
 from memorywalker.tree.tree import CallRow, ConditioningTree, Targets
 
 
@@ -31,10 +31,8 @@ class Batch:
     trajectory_offset: np.ndarray  # int64 [len(trees)] first global trajectory id of each tree
     reward: np.ndarray  # float32 [T] reward per trajectory, NaN where absent
     group: np.ndarray  # int64 [T] tree (GRPO group) of each trajectory
-    rendered: list[list[RenderedTrajectory]] | None = None  # per tree; the full view (sdcc) needs it
-    renderer: Renderer | None = None
+    rendered: list[list[RenderedTrajectory]] | None = None  # per tree; sdcc reads their full views
     old_logprob: np.ndarray | None = None  # float32 [N]: logprobs of the policy before this update
-    full_view_cache: list | None = field(default=None, repr=False)  # filled by layout.full_views
 
     @property
     def num_trajectories(self) -> int:
@@ -57,18 +55,18 @@ class Batch:
     # --- construction -----------------------------------------------------------------------------
 
     @classmethod
-    def from_groups(cls, groups: Sequence[Sequence[RenderedTrajectory]], renderer: Renderer | None = None) -> Batch:
+    def from_groups(cls, groups: Sequence[Sequence[RenderedTrajectory]]) -> Batch:
         """One tree per group: a single trajectory, or the rollouts of one task merged into a forest.
 
-        Pass the ``renderer`` that rendered them when the batch will be used with ``sdcc``.
+        For ``sdcc`` render them with ``full_view=True``.
         """
         trees = [ConditioningTree.build(list(g)) for g in groups]
         rewards = [[np.nan if rt.trajectory.reward is None else rt.trajectory.reward for rt in g] for g in groups]
-        return cls.from_trees(trees, rewards=rewards, rendered=[list(g) for g in groups], renderer=renderer)
+        return cls.from_trees(trees, rewards=rewards, rendered=[list(g) for g in groups])
 
     @classmethod
     def from_trees(cls, trees: Sequence[ConditioningTree], *, rewards: Sequence[Sequence[float]] | None = None,
-                   rendered=None, renderer: Renderer | None = None) -> Batch:
+                   rendered=None) -> Batch:
         trees = list(trees)
         n_traj = np.array([len(t.trajectory_ids) for t in trees], dtype=np.int64)
         n_call = np.array([len(t.calls) for t in trees], dtype=np.int64)
@@ -104,7 +102,6 @@ class Batch:
             reward=reward,
             group=np.repeat(np.arange(len(trees)), n_traj),
             rendered=rendered,
-            renderer=renderer,
         )
 
     def split(self, tree_groups: Sequence[Sequence[int]]) -> list[Batch]:
@@ -115,8 +112,7 @@ class Batch:
             idx = list(idx)
             rewards = [self.reward[self.group == i].tolist() for i in idx]
             rendered = [self.rendered[i] for i in idx] if self.rendered is not None else None
-            sub = Batch.from_trees([self.trees[i] for i in idx], rewards=rewards, rendered=rendered,
-                                   renderer=self.renderer)
+            sub = Batch.from_trees([self.trees[i] for i in idx], rewards=rewards, rendered=rendered)
             rows = np.concatenate([np.flatnonzero(self.target_tree == i) for i in idx]) if idx else np.empty(0, np.int64)
             sub.targets.weight[:] = self.targets.weight[rows]
             sub.targets.rollout_logprob[:] = self.targets.rollout_logprob[rows]

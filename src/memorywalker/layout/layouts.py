@@ -1,37 +1,35 @@
-"""Buffers per method (DESIGN.md, "Exact definitions"): which tokens each forward sees, where each
-target's logits come from, and which targets a method cannot supervise.
+"""Layouts: which tokens each forward sees, where each target's logits come from, and which targets a
+layout cannot supervise (DESIGN.md, "Exact definitions"). Methods pick one (``engine/methods.py``).
 
-=============  ==============================================================  =====================
-method         pieces                                                           buffers
-=============  ==============================================================  =====================
-per-call       each call's ``S_t`` (root path of its last token), causal        one per call
-logit-tree     each segment's longest path (its last call's ``S_t``), causal     one per segment
-tree-mask      the whole tree, ancestor mask, position id = depth               packed to max_tokens
-dfs            the whole tree's tokens in DFS order, causal, positions 0..n-1   packed to max_tokens
-rightmost      each trajectory's last ``S_T``, causal; targets found in it      packed to max_tokens
-sdcc           full views (main loss) then each junction's ``S_t`` (students)   one per piece
-=============  ==============================================================  =====================
+=====================  =========================================================  ===================
+layout                 pieces                                                     buffers
+=====================  =========================================================  ===================
+``per_call_layout``    each call's ``S_t`` (root path of its last token), causal  one per call
+``logit_tree_layout``  each segment's longest path (its last call's ``S_t``)      one per segment
+``tree_layout``        the whole tree, ancestor pattern, position id = depth      packed to max_tokens
+``dfs_layout``         the tree's tokens in DFS order, causal, positions 0..n-1   packed to max_tokens
+``rightmost_layout``   each trajectory's last ``S_T``, causal; targets found in   packed to max_tokens
+``sdcc_layout``        full views (main loss) then each junction's ``S_t``        one per piece
+=====================  =========================================================  ===================
 
 In every exact layout the target at tree position ``p`` is predicted from the position holding its
-tree parent; ``dfs`` shifts labels inside the buffer (``p - 1``) as a naive pipeline does.
+tree parent; ``dfs_layout`` shifts labels inside the buffer (``p - 1``) as a naive pipeline does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.buffers import Buffer, Piece, one_per_buffer, pack
-from memorywalker.layout.fullview import FullView, build_full_view, find_run
+from memorywalker.render.fullview import FullView, find_run
 from memorywalker.render.render import ROLE_ID
 
 
 @dataclass
 class Layout:
-    method: str
     buffers: list[Buffer]  # one forward each, in this order
     weight: np.ndarray  # float32 [N] target weights the method trains with (0 where a target is lost)
     lost: np.ndarray  # bool [N] targets the method cannot supervise
@@ -51,10 +49,10 @@ def _rows_by_call(batch: Batch) -> dict[int, np.ndarray]:
     return {int(calls[g[0]]): g for g in np.split(order, bounds) if len(g)}
 
 
-def _layout(batch: Batch, method: str, buffers: list[Buffer], lost: np.ndarray | None = None, **kw) -> Layout:
+def _layout(batch: Batch, buffers: list[Buffer], lost: np.ndarray | None = None, **kw) -> Layout:
     lost = np.zeros(len(batch.targets), dtype=bool) if lost is None else lost
     weight = np.where(lost, 0.0, batch.targets.weight).astype(np.float32)
-    return Layout(method, buffers, weight, lost, **kw)
+    return Layout(buffers, weight, lost, **kw)
 
 
 def per_call_layout(batch: Batch, max_tokens: int) -> Layout:
@@ -65,7 +63,7 @@ def per_call_layout(batch: Batch, max_tokens: int) -> Layout:
         tree = batch.trees[batch.call_tree[c]]
         path = tree.root_path(batch.calls[c].end)
         pieces.append(Piece.chain(tree.token_ids[path], target_row=rows, target_pred=tree.depth[pos[rows]] - 1))
-    return _layout(batch, "per-call", one_per_buffer(pieces))
+    return _layout(batch, one_per_buffer(pieces))
 
 
 def logit_tree_layout(batch: Batch, max_tokens: int) -> Layout:
@@ -85,7 +83,7 @@ def logit_tree_layout(batch: Batch, max_tokens: int) -> Layout:
         tree = batch.trees[i]
         path = tree.root_path(batch.calls[gcalls[-1]].end)
         pieces.append(Piece.chain(tree.token_ids[path], target_row=rows, target_pred=tree.depth[pos[rows]] - 1))
-    return _layout(batch, "logit-tree", one_per_buffer(pieces))
+    return _layout(batch, one_per_buffer(pieces))
 
 
 def _trajectory_calls(batch: Batch, i: int) -> list[list[int]]:
@@ -101,14 +99,14 @@ def _tree_rows(batch: Batch, i: int) -> np.ndarray:
     return np.flatnonzero(batch.target_tree == i)
 
 
-def tree_mask_layout(batch: Batch, max_tokens: int) -> Layout:
+def tree_layout(batch: Batch, max_tokens: int) -> Layout:
     """Each tree once, ancestor mask, position id = depth; trees packed into buffers of ``max_tokens``."""
     pos = batch.targets.position
     pieces = []
     for i, tree in enumerate(batch.trees):
         rows = _tree_rows(batch, i)
         pieces.append(Piece(tree.token_ids, tree.depth, tree.tout, target_row=rows, target_pred=tree.parent[pos[rows]]))
-    return _layout(batch, "tree-mask", pack(pieces, max_tokens))
+    return _layout(batch, pack(pieces, max_tokens))
 
 
 def dfs_layout(batch: Batch, max_tokens: int) -> Layout:
@@ -120,7 +118,7 @@ def dfs_layout(batch: Batch, max_tokens: int) -> Layout:
     for i, tree in enumerate(batch.trees):
         rows = _tree_rows(batch, i)
         pieces.append(Piece.chain(tree.token_ids, target_row=rows, target_pred=pos[rows] - 1))
-    return _layout(batch, "dfs", pack(pieces, max_tokens))
+    return _layout(batch, pack(pieces, max_tokens))
 
 
 def rightmost_layout(batch: Batch, max_tokens: int) -> Layout:
@@ -165,16 +163,15 @@ def rightmost_layout(batch: Batch, max_tokens: int) -> Layout:
             if rows_all:
                 pieces.append(Piece.chain(tokens, target_row=np.concatenate(rows_all),
                                           target_pred=np.concatenate(preds)))
-    return _layout(batch, "rightmost", pack(pieces, max_tokens), lost)
+    return _layout(batch, pack(pieces, max_tokens), lost)
 
 
 def full_views(batch: Batch) -> list[list[FullView]]:
-    """The full view of every trajectory (per tree), built once per batch."""
-    if batch.rendered is None or batch.renderer is None:
-        raise ValueError("sdcc needs the full view: build the batch with Batch.from_groups(groups, renderer=renderer)")
-    if batch.full_view_cache is None:
-        batch.full_view_cache = [[build_full_view(rt, batch.renderer) for rt in g] for g in batch.rendered]
-    return batch.full_view_cache
+    """The full view of every trajectory (per tree), built when it was rendered."""
+    if batch.rendered is None or any(rt.full_view is None for g in batch.rendered for rt in g):
+        raise ValueError("sdcc trains on the full view: render with renderer.render(traj, full_view=True) "
+                         "and build the batch with Batch.from_groups")
+    return [[rt.full_view for rt in g] for g in batch.rendered]
 
 
 def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> Layout:
@@ -227,24 +224,5 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                 kl = dict(kl_row=cat(kl_rows), kl_pred=cat(kl_preds)) if kl_rows else {}
                 teachers.append(Piece.chain(view.token_ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
     buffers = one_per_buffer(teachers) + one_per_buffer(student_pieces)
-    return _layout(batch, "sdcc", buffers, lost, teacher_buffers=len(teachers),
+    return _layout(batch, buffers, lost, teacher_buffers=len(teachers),
                    kl_call=np.asarray(kl_call, dtype=np.int64), unmatched_calls=unmatched)
-
-
-LAYOUTS: dict[str, Callable[..., Layout]] = {
-    "per-call": per_call_layout,
-    "logit-tree": logit_tree_layout,
-    "tree-mask": tree_mask_layout,
-    "dfs": dfs_layout,
-    "rightmost": rightmost_layout,
-    "sdcc": sdcc_layout,
-}
-
-
-def build_layout(batch: Batch, method: str, max_tokens: int = 8192, **kw) -> Layout:
-    """The buffers ``method`` runs on; raises listing the valid method names."""
-    try:
-        fn = LAYOUTS[method]
-    except KeyError:
-        raise ValueError(f"unknown method {method!r}; valid: {sorted(LAYOUTS)}") from None
-    return fn(batch, max_tokens, **kw)

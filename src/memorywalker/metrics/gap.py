@@ -9,8 +9,8 @@ between the rollout engine and the trainer). **Logit drift** is the mean total v
 method's next-token distribution and the deployment distribution (the ``per-call`` conditioning, i.e.
 the context the call really received), over full vocabularies.
 
->>> report = gap_report(model, renderer, trajectories, ["dfs", "tree-mask"])   # doctest: +SKIP
->>> report["tree-mask"]["overall"]["logprob_abs_diff"]                         # doctest: +SKIP
+>>> report = gap_report(model, renderer, trajectories, ["dfs", "radix"])   # doctest: +SKIP
+>>> report["radix"]["overall"]["logprob_abs_diff"]                         # doctest: +SKIP
 3.1e-07
 """
 
@@ -22,9 +22,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from memorywalker.attention.masks import backend_of
-from memorywalker.engine import EngineConfig, layout_for
-from memorywalker.engine.forward import forward_buffer, model_device
+from memorywalker.engine import EngineConfig, get_method, needs_full_view
+from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.layout.batch import Batch
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.records.schema import Trajectory
@@ -69,25 +68,25 @@ def bucket_of(k: int) -> str:
 def method_outputs(model, batch: Batch, method: str, *, with_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-target trainer logprobs [N] (NaN where the method lost a target) and, if asked, the
     next-token logits at every target's predicting position [N, V] (NaN rows where lost)."""
-    layout = layout_for(batch, EngineConfig(method=method))
-    backend = backend_of(model)
+    cfg = EngineConfig(method=method)
+    m = get_method(method)
+    layout = m.build_layout(batch, cfg)
+    if with_logits:  # full distributions at the target positions, through each buffer's KL channel
+        layout = replace(layout, buffers=[replace(b, kl_row=np.arange(len(b.target_row)), kl_pred=b.target_pred)
+                                          for b in layout.buffers if len(b.target_row)])
     device = model_device(model)
-    labels = torch.from_numpy(batch.targets.label).to(device)
     n = len(batch.targets)
     logprobs = torch.full((n,), float("nan"), device=device)
     logits = None
-    for buf in layout.buffers:
-        if not len(buf.target_row):
+    for out in forward_layout(model, layout, torch.from_numpy(batch.targets.label), m, cfg.max_tokens):
+        if not len(out.buffer.target_row):
             continue  # e.g. sdcc's student buffers: the trainer's logprobs come from the full view
-        rows = torch.from_numpy(buf.target_row).to(device)
-        # Ask for full distributions at the target positions through the KL channel of the buffer.
-        probe = replace(buf, kl_row=np.arange(len(buf.target_row)), kl_pred=buf.target_pred) if with_logits else buf
-        lp, lg = forward_buffer(model, probe, labels[rows], backend)
-        logprobs[rows] = lp
+        rows = torch.from_numpy(out.buffer.target_row).to(device)
+        logprobs[rows] = out.logprob
         if with_logits:
             if logits is None:
-                logits = torch.full((n, lg.shape[-1]), float("nan"), device=device)
-            logits[rows] = lg.float()
+                logits = torch.full((n, out.kl_logits.shape[-1]), float("nan"), device=device)
+            logits[rows] = out.kl_logits.float()
     return logprobs, logits
 
 
@@ -119,7 +118,8 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     ``logit_drift`` (None where there is nothing to compare).
     """
     model.eval()
-    rendered = [renderer.render(t) for t in trajectories]
+    full_view = needs_full_view(methods)
+    rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
     per_method: dict[str, dict[str, list]] = {m: {"logp": [], "tv": []} for m in methods}
     rollout, call, bucket = [], [], []
     call_base = 0
@@ -129,7 +129,7 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
 
         it = tqdm(it, desc="gap", unit="traj")
     for i in it:
-        batch = Batch.from_groups([[rendered[i]]], renderer=renderer)
+        batch = Batch.from_groups([[rendered[i]]])
         tg = batch.targets
         before = np.asarray(evictions_before_calls(trajectories[i]))
         call_index = np.asarray([batch.calls[c].index for c in tg.call], dtype=np.int64)

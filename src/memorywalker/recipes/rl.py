@@ -39,7 +39,7 @@ import torch
 from pydantic import field_validator
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
@@ -143,6 +143,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
                             max_context=cfg.max_context)
     policy = HFPolicy.from_model(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
@@ -174,7 +175,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         t_rollout = time.perf_counter() - t0
 
         # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest
-        micro = [Batch.from_groups([[renderer.render(t) for t in g] for g in groups], renderer=renderer)
+        micro = [Batch.from_groups([[renderer.render(t, full_view=full_view) for t in g] for g in groups])
                  for groups in micro_groups]
         episodes = [t for groups in micro_groups for g in groups for t in g]
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer, RenderOptions
@@ -101,7 +101,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         if info.is_main and reader.summary.rejected:
             print(f"sft: {reader.summary}")  # rejected records are in the rejects file, with reasons
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
-    rendered = [renderer.render(t) for t in trajectories]
+    full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
+    rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
     data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
@@ -122,7 +123,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         ids = step_trajectories(len(data), cfg.batch_size, step, cfg.seed)
-        micro = [Batch.from_groups([[data[i]] for i in mb], renderer=renderer)  # one tree per trajectory
+        micro = [Batch.from_groups([[data[i]] for i in mb])  # one tree per trajectory
                  for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
         results = [run(model, mb, engine, denominators=dens) for mb in micro]

@@ -5,7 +5,7 @@ artifacts (``author == "harness"``) removed, each response placed once, rendered
 Each selected response is then located in it, so a call's targets can be read off the full view.
 
 >>> messages = full_view_messages(traj)                       # doctest: +SKIP
->>> view = build_full_view(rendered_traj, renderer)           # doctest: +SKIP
+>>> view = renderer.render(traj, full_view=True).full_view    # doctest: +SKIP
 >>> view.response_start[3]   # full-view position of call 3's first response token   # doctest: +SKIP
 517
 """

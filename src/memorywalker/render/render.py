@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from memorywalker.records.schema import Call, Message, Trajectory
+
+if TYPE_CHECKING:
+    from memorywalker.render.fullview import FullView
 
 # Role/span labels of tokens. ``artifact`` = text a harness inserted (summaries, placeholders);
 # ``template`` = scaffolding outside every message (the generation prompt); ``context`` = recorded
@@ -76,6 +79,9 @@ class RenderedCall:
 class RenderedTrajectory:
     trajectory: Trajectory
     calls: list[RenderedCall]
+    # The uncompressed transcript with each response located in it (SDCC); built by
+    # ``Renderer.render(traj, full_view=True)``.
+    full_view: FullView | None = None
 
     @property
     def id(self) -> str:
@@ -345,9 +351,15 @@ class Renderer:
 
     # --- whole trajectories -----------------------------------------------------------------------
 
-    def render(self, traj: Trajectory) -> RenderedTrajectory:
+    def render(self, traj: Trajectory, *, full_view: bool = False) -> RenderedTrajectory:
+        """Every call's ``S_t``; with ``full_view`` also the uncompressed transcript (what ``sdcc`` trains on)."""
+        from memorywalker.render.fullview import build_full_view
+
         cache = _TrajectoryCache(traj)
-        return RenderedTrajectory(traj, [self.render_call(traj, i, cache) for i in range(len(traj.calls))])
+        rt = RenderedTrajectory(traj, [self.render_call(traj, i, cache) for i in range(len(traj.calls))])
+        if full_view:
+            rt.full_view = build_full_view(rt, self)
+        return rt
 
     def render_messages(self, messages: list[Message], tools) -> tuple[list[int], list[int], list[tuple[int, int]]]:
         """Tokens, role ids and per-message token spans of a plain conversation (no generation prompt).

@@ -45,10 +45,10 @@ class TrainConfig(RecipeConfig):
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
     device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
     # --- engine (DESIGN.md)
-    method: str = "tree-mask"  # per-call | logit-tree | tree-mask | dfs | rightmost | sdcc
+    method: str = "radix"  # a method of the registry (memorywalker.engine.METHODS)
     normalization: str = "token"  # token | call | trajectory: what each target's loss is divided by
-    attention: str | None = None  # sdpa | eager | flex; None = the model's own implementation
-    max_tokens: int = 8192  # buffer size of the packed methods (tree-mask, dfs, rightmost)
+    attention: str | None = None  # mask-schedule methods: sdpa | eager | flex; None = the model's own
+    max_tokens: int = 8192  # tokens per forward (packed buffer / radix chunk and batch size)
     sdcc_lambda: float = 1.0  # sdcc: weight λ of KL(teacher ‖ student)
     # --- optimization
     steps: int = 100  # optimizer steps of the whole run
@@ -115,7 +115,7 @@ def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text  # bare strings need no quotes: method=tree-mask
+        return text  # bare strings need no quotes: method=radix
 
 
 def _set(tree: dict, dotted: str, value: Any) -> None:

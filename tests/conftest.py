@@ -32,6 +32,13 @@ def tokenizer(kit):
 
 
 @pytest.fixture(scope="session")
+def renderer(tokenizer):
+    from memorywalker.render import Renderer
+
+    return Renderer(tokenizer)
+
+
+@pytest.fixture(scope="session")
 def qwen2_kit(kit_cache):
     """(tokenizer_dir, qwen2_model_dir): the second tiny architecture."""
     from memorywalker.modelkit import default_kit

@@ -9,12 +9,6 @@ import torch
 from engine_cases import grads, load_model, max_rel_grad_diff, one_thread, random_batch
 from memorywalker.attention import FLEX_BLOCK, dense_allowed, eager_mask, flex_mask, get_backend, sdpa_mask
 from memorywalker.engine import EngineConfig, layout_for, run
-from memorywalker.render import Renderer
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return Renderer(tokenizer)
 
 
 @pytest.fixture(scope="module")

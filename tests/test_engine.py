@@ -14,12 +14,6 @@ from transformers import AutoTokenizer
 
 from engine_cases import grads, load_model, max_rel_grad_diff, no_eviction_batch, one_thread, random_batch
 from memorywalker.engine import METHODS, OBJECTIVES, EngineConfig, run
-from memorywalker.render import Renderer
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return Renderer(tokenizer)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

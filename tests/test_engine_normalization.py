@@ -11,12 +11,6 @@ import torch
 from engine_cases import grads, load_model, max_rel_grad_diff, one_thread, random_batch
 from memorywalker.engine import EngineConfig, layout_for, run, step_denominators
 from memorywalker.objectives import normalize
-from memorywalker.render import Renderer
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return Renderer(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from engine_cases import load_model, no_eviction_batch, one_thread, random_batch
 from memorywalker.engine import EngineConfig, run
-from memorywalker.render import Renderer
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return Renderer(tokenizer)
 
 
 def _count_backwards(model) -> list[int]:

@@ -19,13 +19,8 @@ from memorywalker.layout import (
     sdcc_layout,
     tree_layout,
 )
-from memorywalker.render import ROLE_ID, Renderer
+from memorywalker.render import ROLE_ID
 from memorywalker.render.fullview import full_view_messages
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return Renderer(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,7 @@ def bench_engines(
                                      help="reference and per-call on S random calls, per-call time extrapolated"),
     plain_causal: bool = typer.Option(True, "--plain-causal/--no-plain-causal", help="time the plain-causal limit"),
     repeats: int = typer.Option(3, help="timed runs per method (median reported)"),
+    warmup: int = typer.Option(1, help="untimed runs per method before the timed ones"),
     methods: str = typer.Option(None, help="comma-separated methods (default: every registered method)"),
     model: Path = typer.Option(None, "--model", help="HF model dir with a chat-template tokenizer; default: tiny kit"),
     arch: str = typer.Option("llama", help="tiny kit architecture when --model is not given: llama | qwen2"),
@@ -82,7 +83,8 @@ def bench_engines(
         raise typer.BadParameter(f"--evictions ({evictions}) must be < --turns ({turns})")
     result = run_bench(turns=turns, evictions=evictions, words=words, retries=retries, trajectories=trajectories,
                        group_size=group_size, data=data, tokenizer_dir=tokenizer, max_calls=max_calls,
-                       sample_calls=sample_calls, plain_causal=plain_causal, repeats=repeats, methods=chosen,
+                       sample_calls=sample_calls, plain_causal=plain_causal, repeats=repeats, warmup=warmup,
+                       methods=chosen,
                        model_dir=model, arch=arch, attention=attention, max_tokens=max_tokens, dtype=dtype,
                        device=device, seed=seed)
     if json_out == "-":
@@ -134,7 +136,7 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
               repeats: int, methods: list[str], model_dir: Path | None, arch: str, attention: str,
               max_tokens: int, dtype: str, device: str, seed: int, data: Path | None = None,
               tokenizer_dir: Path | None = None, max_calls: int | None = None, sample_calls: int | None = None,
-              plain_causal: bool = True) -> dict:
+              plain_causal: bool = True, warmup: int = 1) -> dict:
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -177,10 +179,7 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
     rendered = [rt for g in groups for rt in g]
     with_targets = [(rt.id, rc.index) for rt in rendered for rc in rt.calls if rc.targets]
     per_call_tokens = sum(len(rc.tokens) for rt in rendered for rc in rt.calls if rc.targets)
-    if sample_calls is not None and sample_calls < len(with_targets):
-        chosen = random.Random(seed).sample(with_targets, sample_calls)
-    else:
-        chosen = with_targets
+    chosen = _sample_calls(batch, with_targets, sample_calls, seed)
     ref_calls: dict[str, set[int]] = {}
     for tid, ci in chosen:
         ref_calls.setdefault(tid, set()).add(ci)
@@ -195,7 +194,8 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
         return out
 
     def timed(fn):
-        fn()  # warm-up: allocator, kernels, compilation
+        for _ in range(warmup):  # allocator, kernels, compilation
+            fn()
         times, peak = [], 0.0
         for _ in range(repeats):
             model.zero_grad(set_to_none=True)
@@ -245,7 +245,7 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
         rows[-1]["extrapolated"] = False
     return {
         "config": dict(turns=turns, evictions=evictions, words=words, retries=retries, trajectories=trajectories,
-                       group_size=group_size, repeats=repeats, attention=attention, max_tokens=max_tokens,
+                       group_size=group_size, repeats=repeats, warmup=warmup, attention=attention, max_tokens=max_tokens,
                        dtype=dtype, seed=seed, data=None if data is None else str(data), max_calls=max_calls,
                        sample_calls=sample_calls),
         "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
@@ -258,6 +258,26 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
         "reference_calls": len(chosen),
         "rows": rows,
     }
+
+
+def _sample_calls(batch, with_targets: list[tuple[str, int]], n: int | None, seed: int) -> list[tuple[str, int]]:
+    """``n`` calls with targets: one random call of each segment first (so calls after every
+    compaction are covered while n allows), then random others. All of them when n is None or ≥ T."""
+    if n is None or n >= len(with_targets):
+        return with_targets
+    rng = random.Random(seed)
+    has_targets = set(with_targets)
+    by_segment: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
+    for tree in batch.trees:
+        for c in tree.calls:
+            key = (tree.trajectory_ids[c.trajectory], c.index)
+            if key in has_targets:
+                by_segment.setdefault((key[0], c.trajectory, c.segment), []).append(key)
+    segments = list(by_segment.values())
+    rng.shuffle(segments)
+    chosen = [rng.choice(calls) for calls in segments[:n]]
+    rest = [k for k in with_targets if k not in set(chosen)]
+    return chosen + rng.sample(rest, n - len(chosen))
 
 
 def get_exactness(method: str) -> str:

@@ -8,6 +8,7 @@ import torch
 
 from engine_cases import grads, load_model, max_rel_grad_diff, one_thread, random_batch
 from memorywalker.attention import FLEX_BLOCK, dense_allowed, eager_mask, flex_mask, get_backend, sdpa_mask
+from memorywalker.attention.masks import block_classes
 from memorywalker.engine import EngineConfig, layout_for, run
 
 
@@ -48,6 +49,45 @@ def test_flex_block_mask_matches_and_skips_blocks(packed):
     assert bm.sparsity() > 0  # blocks above the diagonal and between the trees are skipped
     with pytest.raises(ValueError, match="multiple of 128"):
         flex_mask(torch.arange(1, 41)[None], torch.float32)
+
+
+def _chain_then_branches(n_prefix: int, branches: list[int], roots: int = 1) -> torch.Tensor:
+    """Euler ends of ``roots`` trees, each a prefix of ``n_prefix`` tokens then sibling branches."""
+    tout = []
+    for _ in range(roots):
+        base = len(tout)
+        size = n_prefix + sum(branches)
+        tout += [base + size] * n_prefix
+        at = base + n_prefix
+        for b in branches:
+            tout += [at + b] * b
+            at += b
+    return torch.tensor(tout)[None]
+
+
+@pytest.mark.parametrize("shape", [(512, [], 1), (200, [150, 300, 118], 1), (60, [70, 90], 4), (640, [], 1)])
+def test_block_classes_are_exact(shape):
+    """Built from per-block min/max of the Euler ends, each 128 x 128 block is full exactly when every
+    pair in it is allowed and skipped exactly when none is (brute force over the dense ancestor mask);
+    the BlockMask visits the same blocks as torch's create_block_mask over the same mask_mod.
+
+    A chain of 512 tokens: 4 blocks, 6 full (below the diagonal), 4 partial (the diagonal), 6 empty."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    tout = _chain_then_branches(*shape)
+    L = tout.shape[1]
+    pad = -(-L // FLEX_BLOCK) * FLEX_BLOCK
+    tout = torch.cat([tout, torch.arange(L + 1, pad + 1)[None]], 1)  # padding sees itself only
+    partial, full = block_classes(tout, FLEX_BLOCK)
+    dense = dense_allowed(tout)[0].view(pad // 128, 128, pad // 128, 128).transpose(1, 2)  # [nQ, nK, 128, 128]
+    assert torch.equal(full[0], dense.all(-1).all(-1))
+    assert torch.equal(partial[0] | full[0], dense.any(-1).any(-1))
+    if shape == (512, [], 1):
+        assert (int(full.sum()), int(partial.sum())) == (6, 4)
+    ours = flex_mask(tout, torch.float32)
+    theirs = create_block_mask(lambda b, h, q, k: (k <= q) & (q < tout[b, k]), 1, None, pad, pad, device="cpu")
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    assert ours.sparsity() == theirs.sparsity()
 
 
 def test_a_boolean_mask_is_wrong_for_eager_attention(kit, packed):

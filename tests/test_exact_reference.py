@@ -103,3 +103,30 @@ def test_the_reference_is_not_vacuous(arch_setup):
         res = run(model, Batch.from_groups(groups), EngineConfig(method="dfs"), backward=False)
     assert (res.logprobs - ref_logp).abs().max().item() > 1e-3
     assert sum(g.norm().item() for g in ref_grads) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+def test_radix_on_cuda_equals_plain_per_call(kit, renderer, dtype, tol):
+    """The radix schedule on CUDA (its masked-SDPA attention path), fp32 and bf16, whole and chunked,
+    against plain per-call forwards of the same model in the same dtype."""
+    model = load_model(kit[1]).to("cuda", dtype)
+    groups = list(cases(renderer).values())[0]
+    model.zero_grad(set_to_none=True)
+    logps = []
+    for group in groups:
+        for rt in group:
+            for rc in rt.calls:
+                if rc.targets:
+                    logits = model(input_ids=torch.tensor([rc.tokens], device="cuda")).logits[0].float()
+                    idx = torch.tensor(rc.targets, device="cuda")
+                    logps.append(torch.log_softmax(logits, -1)[idx - 1, torch.tensor(rc.tokens, device="cuda")[idx]])
+    ref = torch.cat(logps)
+    (-ref.sum() / len(ref)).backward()
+    ref_grads = [g.float().cpu() for g in grads(model)]
+    for max_tokens in (8192, 48):
+        model.zero_grad(set_to_none=True)
+        res = run(model, Batch.from_groups(groups), EngineConfig(method="radix", max_tokens=max_tokens))
+        assert (res.logprobs - ref.detach()).abs().max().item() <= tol
+        assert max_rel_grad_diff([g.float().cpu() for g in grads(model)], ref_grads) <= (1e-3 if dtype == torch.float32 else 1e-1)

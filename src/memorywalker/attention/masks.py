@@ -13,8 +13,10 @@ not the ancestor mask.
 * ``eager`` — additive float [B, 1, L, L]: 0 = attend, ``finfo(dtype).min`` = blocked. Eager attention
   *adds* the mask to the scores (``attn_weights + attention_mask``); a bool mask there would add 0/1 and
   silently attend everywhere.
-* ``flex``  — a FlexAttention ``BlockMask`` whose ``mask_mod`` evaluates the interval test. Training
-  needs CUDA: FlexAttention has no CPU backward; the CPU forward is supported and tested.
+* ``flex``  — a FlexAttention ``BlockMask`` built block-sparse from per-block statistics of the Euler
+  ends (full / partial / empty per 128 × 128 block, never L × L); its ``mask_mod`` evaluates the
+  interval test inside partial blocks. Training needs CUDA: FlexAttention has no CPU backward; the CPU
+  forward is supported and tested.
 """
 
 from __future__ import annotations
@@ -52,12 +54,46 @@ def eager_mask(tout: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return blocked.masked_fill_(~dense_allowed(tout)[:, None], torch.finfo(dtype).min)
 
 
-def flex_mask(tout: torch.Tensor, dtype: torch.dtype):
-    """FlexAttention ``BlockMask`` with ``mask_mod(b, h, q, k) = k <= q < tout[b, k]``.
+def block_classes(tout: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Classify every (query block, key block) pair of ``tout`` [B, L] (L a multiple of ``block``) from
+    per-block statistics of the Euler ends, without touching L × L. Returns bool [B, nQ, nK] ``partial``
+    and ``full``; every other pair is empty.
 
-    Blocks outside every interval are skipped, so a tree costs about its ancestor pairs, not L².
+    With query block ``i`` = [q0, q1) and key block ``j`` = [k0, k1), ``allowed(q, k) = k <= q < tout[k]``:
+
+    * empty  — ``j > i`` (every key after every query), or ``max tout[Kj] <= q0`` (no key's subtree
+      reaches the block: for ``j <= i`` a key k with ``tout[k] > q0`` is seen by ``q = max(k, q0)``);
+    * full   — ``j < i`` and ``min tout[Kj] >= q1`` (every key precedes and covers every query);
+    * partial otherwise (the diagonal, a block where some subtrees end).
     """
-    from torch.nn.attention.flex_attention import create_block_mask
+    B, L = tout.shape
+    n = L // block
+    blocks = tout.view(B, n, block)
+    tmax, tmin = blocks.amax(-1), blocks.amin(-1)  # [B, nK]
+    idx = torch.arange(n, device=tout.device)
+    q0 = (idx * block)[None, :, None]  # [1, nQ, 1]
+    q1 = q0 + block
+    lower = idx[None, None, :] <= idx[None, :, None]  # j <= i
+    strictly = idx[None, None, :] < idx[None, :, None]  # j < i
+    reaches = tmax[:, None, :] > q0  # some key of j is an ancestor of some query of i
+    full = strictly & (tmin[:, None, :] >= q1)
+    partial = lower & reaches & ~full
+    return partial, full
+
+
+def _indices(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [B, nQ, nK] -> (count [B, 1, nQ], column indices [B, 1, nQ, nK]: selected first, in order)."""
+    count = sel.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return count[:, None], order[:, None]
+
+
+def flex_mask(tout: torch.Tensor, dtype: torch.dtype):
+    """FlexAttention ``BlockMask`` with ``mask_mod(b, h, q, k) = k <= q < tout[b, k]``, built block-sparse
+    straight from the Euler ends (:func:`block_classes`): full blocks skip the mask_mod, empty blocks are
+    never visited, and nothing of size L × L is materialized (the block tables are (L/128)²).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
 
     B, L = tout.shape
     if L % FLEX_BLOCK:
@@ -66,7 +102,11 @@ def flex_mask(tout: torch.Tensor, dtype: torch.dtype):
     def ancestor(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (q_idx < tout[b, kv_idx])
 
-    return create_block_mask(ancestor, B, None, L, L, device=tout.device)
+    partial, full = block_classes(tout, FLEX_BLOCK)
+    kv_num, kv_idx = _indices(partial)
+    full_num, full_idx = _indices(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=ancestor,
+                                    seq_lengths=(L, L))
 
 
 @dataclass(frozen=True)

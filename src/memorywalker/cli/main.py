@@ -20,6 +20,7 @@ from memorywalker.cli import (  # noqa: E402
     demo_cmd,
     gap_cmd,
     import_cmd,
+    methods_cmd,
     records_cmd,
     rollout_cmd,
     train_cmd,
@@ -29,6 +30,7 @@ bench_cmd.register(app)
 demo_cmd.register(app)
 gap_cmd.register(app)
 import_cmd.register(app)
+methods_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
 train_cmd.register(app)

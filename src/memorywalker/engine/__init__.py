@@ -41,11 +41,12 @@ model unwrapped and sum gradients across ranks once per step (what the recipes d
     allreduce_gradients(model)                            # memorywalker.train.distributed: Σ over ranks
     optimizer.step()
 
-Methods with several forwards per micro-batch (``per-call``, ``logit-tree``, ``sdcc``'s students) run a
-number of backward passes that depends on the trees a rank holds, so DDP's per-backward all-reduce
-would issue unequal collectives across ranks; one explicit all-reduce per step avoids that. A model
-wrapped in DDP anyway is still correct with ``dp_size = world_size`` (DDP averages), as long as every
-rank runs the same number of backward passes. A micro-batch holds whole trees.
+Methods whose backward schedule is ``each`` run one backward per buffer of their layout, a number that
+depends on the trees a rank holds (``per-call``: one per call), so DDP's per-backward all-reduce would
+issue unequal collectives across ranks; one explicit all-reduce per step avoids that. A model wrapped
+in DDP anyway is still correct with ``dp_size = world_size`` (DDP averages), as long as every rank runs
+the same number of backward passes. A micro-batch holds whole trees; ``radix`` runs each buffer (a
+packed set of trees, or one tree longer than ``max_tokens``) in one backward.
 """
 
 from memorywalker.engine.methods import METHODS, Method, get_method, method_names, needs_full_view

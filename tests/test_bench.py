@@ -68,3 +68,23 @@ def test_bench_rejects_unknown_methods(cache):
     res = CliRunner().invoke(app, ["bench", "engines", "--methods", "radix,bfs"])
     assert res.exit_code != 0
     assert "bfs" in res.output and "logit-tree" in res.output
+
+
+def test_bench_on_imported_trajectories(cache, harness_logs, tmp_path):
+    """--data on a real (tool-heavy) Claude Code session cut to its first 3 of 4 calls: U and P are the tree's, the radix
+    row is exact against plain per-call forwards on the 2 sampled calls, and per-call is extrapolated."""
+    from memorywalker.importers import run_import
+    from memorywalker.records import write_trajectories
+
+    data = tmp_path / "cc.jsonl"
+    write_trajectories(data, run_import("claude-code", [harness_logs / "claude-code" / "tool_heavy.jsonl"]).trajectories)
+    args = ["bench", "engines", "--data", str(data), "--max-calls", "3", "--sample-calls", "2", "--repeats", "1",
+            "--warmup", "0", "--methods", "per-call,radix", "--no-plain-causal", "--json", "-"]
+    with one_thread():
+        res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    rows = {r["method"]: r for r in out["rows"]}
+    assert out["calls"] == 3 and out["reference_calls"] == 2 and out["config"]["max_calls"] == 3
+    assert rows["radix"]["tokens"] == out["unique_tokens"] < out["per_call_tokens"] == rows["per-call"]["tokens"]
+    assert rows["per-call"]["extrapolated"] and rows["radix"]["max_abs_logprob_diff"] <= 1e-5

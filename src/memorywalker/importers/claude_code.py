@@ -13,17 +13,29 @@
   through ``logicalParentUuid``), inserted = the ``isCompactSummary`` message (author ``harness``).
   The summarization call in ``subagents/agent-acompact-*.jsonl`` is a call whose context is the
   pre-compaction chain plus its own prompt.
+* **Partial compaction** (2.1.x): a boundary whose ``compactMetadata`` carries ``preservedMessages``
+  (``anchorUuid``, ``uuids``) or ``preservedSegment`` (``headUuid``, ``anchorUuid``, ``tailUuid``) kept
+  those messages after the summary. Calls after the boundary walk the chain as Claude Code relinks it
+  on load (head → anchor, the anchor's other children → tail); calls whose response is a preserved
+  message keep the pre-compaction chain they were sampled in.
+* **Micro-compaction.** A ``microcompact_boundary`` clears the tool results it lists
+  (``compactedToolIds``) for every call that descends from it: each is sent as
+  "[Old tool result content cleared]" (a ``prune`` eviction inserting that placeholder).
+* **Attachments.** ``type: "attachment"`` records become the messages Claude Code sends for them
+  (see :mod:`memorywalker.importers.claude_code_attachments`).
 * **Subagents.** ``subagents/agent-<id>.jsonl`` (Task tool) and, in older versions, ``isSidechain``
   chains inside the session file become their own trajectories linked by lineage.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memorywalker.importers import claude_code_attachments as attachments
 from memorywalker.importers.base import ImportOptions, ImportResult, content_text, read_jsonl
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
@@ -32,7 +44,9 @@ FORMAT = "claude-code"
 _CONVERSATION = {"user", "assistant"}
 # Record types that are written for the UI or bookkeeping and never reach the model.
 _NOT_SENT = {"progress", "file-history-snapshot", "queue-operation", "summary", "custom-title", "tag",
-             "agent-name", "pr-link", "last-prompt"}
+             "agent-name", "pr-link", "last-prompt", "ai-title", "mode", "agent-color", "agent-setting",
+             "permission-mode", "worktree-state"}
+CLEARED = "[Old tool result content cleared]"  # Claude Code TIME_BASED_MC_CLEARED_MESSAGE
 _STOP = {"tool_use": "tool_calls", "end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
          "refusal": "content_filter", "pause_turn": "stop"}
 
@@ -42,7 +56,7 @@ class _Rec:
     obj: dict
     source: Path
     line: int
-    order: int  # global file order (main file first, then subagent files)
+    order: float  # global file order (main file first, then subagent files); preserved copies move before their boundary
 
     @property
     def uuid(self) -> str | None:
@@ -59,6 +73,20 @@ class _Index:
     results: dict[str, list[tuple[_Rec, int]]] = field(default_factory=lambda: defaultdict(list))
     groups: dict[str, list[_Rec]] = field(default_factory=lambda: defaultdict(list))
     missing: set[str] = field(default_factory=set)  # uuids whose parent is absent
+    orig_parent: dict[str, str | None] = field(default_factory=dict)  # preserved uuid -> pre-compaction parent
+    boundaries: list[tuple[float, dict[str, str]]] = field(default_factory=list)  # (order, relinks) per compact_boundary
+    artifacts: set[str] = field(default_factory=set)  # uuids of records a compaction wrote (summary, attachments)
+    microcompacts: dict[str, _Rec] = field(default_factory=dict)
+
+    def parent(self, rec: _Rec, relink: dict[str, str]) -> str | None:
+        if rec.uuid in relink:
+            return relink[rec.uuid]
+        return self.orig_parent.get(rec.uuid, rec.parent) if rec.uuid else rec.parent
+
+    def relinks_at(self, order: float) -> dict[str, str]:
+        """The chain relinks in force for a call at ``order``: those of the newest compact_boundary before it."""
+        i = bisect_left([o for o, _ in self.boundaries], order)
+        return self.boundaries[i - 1][1] if i else {}
 
     def add(self, rec: _Rec) -> None:
         if rec.uuid:
@@ -100,18 +128,38 @@ def import_session(path: Path) -> ImportResult:
         recs = []
         for line, obj in read_jsonl(f, result):
             kind = obj.get("type")
-            if kind in _CONVERSATION or kind == "system":
-                rec = _Rec(obj, f, line, order)
-                order += 1
+            if kind in _CONVERSATION or kind in ("system", "attachment"):
                 if kind in _CONVERSATION and not isinstance(obj.get("message"), dict):
                     result.reject(f, line, "missing_field", f"line {line}: {kind} record without a message")
                     continue
+                if kind == "attachment" and not isinstance(obj.get("attachment"), dict):
+                    result.reject(f, line, "missing_field", f"line {line}: attachment record without an attachment")
+                    continue
+                if obj.get("uuid") and obj["uuid"] in index.by_uuid:
+                    # A record written again (partial compaction re-writes the preserved messages):
+                    # the first copy holds the original parent, order and timestamp.
+                    result.skipped["duplicate_uuid"] += 1
+                    continue
+                rec = _Rec(obj, f, line, order)
+                order += 1
                 index.add(rec)
                 recs.append(rec)
                 if kind == "system" and obj.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
                     result.skipped[f"system:{obj.get('subtype')}"] += 1
+                elif kind == "attachment":
+                    a_kind = obj["attachment"].get("type")
+                    sent = attachments.render(obj["attachment"])
+                    if sent is None:
+                        result.reject(f, line, "unknown_record_type",
+                                      f"line {line}: attachment type {a_kind!r}: what Claude Code sends for it is not known")
+                    elif not sent:
+                        result.skipped[f"attachment:{a_kind}"] += 1
+                    else:
+                        result.imported += 1
                 else:
                     result.imported += 1
+                    if obj.get("subtype") == "microcompact_boundary" and obj.get("uuid"):
+                        index.microcompacts[obj["uuid"]] = rec
             elif kind in _NOT_SENT:
                 result.skipped[kind] += 1
                 if obj.get("uuid"):  # still a link of the parentUuid chain
@@ -124,6 +172,8 @@ def import_session(path: Path) -> ImportResult:
                     order += 1
         per_file[f] = recs
     main = per_file.get(path, [])
+    for recs in per_file.values():
+        _resolve_compactions(recs, index, result)
     for f, recs in per_file.items():
         for rec in recs:
             p = rec.parent
@@ -175,6 +225,68 @@ def import_session(path: Path) -> ImportResult:
     return result
 
 
+def _resolve_compactions(recs: list[_Rec], index: _Index, result: ImportResult) -> None:
+    """Per compact_boundary of one file: its preserved messages, the relinks Claude Code applies on
+    load, and the records the compaction wrote (summary, re-attached files, ...)."""
+    for k, b in enumerate(recs):
+        o = b.obj
+        if o.get("type") != "system" or o.get("subtype") != "compact_boundary":
+            continue
+        preserved, anchor = _preserved(o.get("compactMetadata") or {}, index, result)
+        for r in recs[k + 1:]:  # the records written with the compaction, up to the next real message
+            ro = r.obj
+            if r.uuid in preserved:
+                continue
+            if ro.get("type") == "assistant" or (
+                    ro.get("type") == "user" and not ro.get("isCompactSummary") and not ro.get("isMeta")):
+                break
+            index.artifacts.add(r.uuid)
+        relink: dict[str, str] = {}
+        if preserved:
+            for i, u in enumerate(preserved):
+                rec = index.by_uuid[u]
+                first_parent = rec.obj.get("logicalParentUuid") or rec.parent
+                if first_parent not in (anchor, b.uuid):  # written with its pre-compaction parent
+                    index.orig_parent[u] = first_parent
+                elif i:
+                    index.orig_parent[u] = preserved[i - 1]
+                relink[u] = preserved[i - 1] if i else anchor
+            tail = preserved[-1]
+            for r in recs[k + 1:]:
+                if r.parent == anchor and r.uuid not in relink:
+                    relink[r.uuid] = tail
+            # Preserved records written after the boundary were sampled before it.
+            late = [index.by_uuid[u] for u in preserved if index.by_uuid[u].order > b.order]
+            for i, rec in enumerate(late):
+                rec.order = b.order - 1 + (i + 1) / (len(late) + 1)
+            result.notes["preserved_messages"] += len(preserved)
+        index.boundaries.append((b.order, relink))
+    index.boundaries.sort(key=lambda x: x[0])
+
+
+def _preserved(meta: dict, index: _Index, result: ImportResult) -> tuple[list[str], str | None]:
+    """(preserved uuids oldest first, anchor uuid); ``preservedMessages`` wins over ``preservedSegment``."""
+    listed = meta.get("preservedMessages")
+    if isinstance(listed, dict) and listed.get("uuids"):
+        uuids = [u for u in listed["uuids"] if u in index.by_uuid]
+        if len(uuids) < len(listed["uuids"]):
+            result.notes["preserved_messages_missing"] += len(listed["uuids"]) - len(uuids)
+        return uuids, listed.get("anchorUuid")
+    seg = meta.get("preservedSegment")
+    if not isinstance(seg, dict):
+        return [], None
+    walk, uid, seen = [], seg.get("tailUuid"), set()
+    while uid and uid in index.by_uuid and uid not in seen:
+        seen.add(uid)
+        walk.append(uid)
+        if uid == seg.get("headUuid"):
+            return walk[::-1], seg.get("anchorUuid")
+        rec = index.by_uuid[uid]
+        uid = rec.obj.get("logicalParentUuid") or rec.parent
+    result.notes["preserved_segment_unresolved"] += 1  # Claude Code then drops the segment too
+    return [], None
+
+
 def _root_of(rec: _Rec, index: _Index) -> str:
     seen = set()
     while rec.parent and rec.parent in index.by_uuid and rec.uuid not in seen:
@@ -222,6 +334,10 @@ class _Trajectory:
         self.boundary_of_call: dict[str, str | None] = {}
         self.pending_summaries: list[tuple[str, _Rec]] = []  # (timestamp, response record)
         self.summary_call_ids: list[tuple[str, str]] = []
+        self.msg_uuid: dict[str, str] = {}  # message id -> uuid of the record it came from
+        self.placeholders: dict[str, str] = {}  # cleared tool message id -> its placeholder
+        self.delivered: set[str] = set()
+        self.evicted: set[str] = set()
 
     # --- messages ---------------------------------------------------------------------------------
 
@@ -300,11 +416,39 @@ class _Trajectory:
         self.msg_ids[rec.uuid] = out
         return out
 
+    def _attachment(self, rec: _Rec) -> list[tuple[str, str | None]]:
+        """(message id, tool call id it issues or None) of an attachment record's messages."""
+        if rec.uuid in self.msg_ids:
+            return self.msg_ids[rec.uuid]
+        att = rec.obj["attachment"]
+        sent = attachments.render(att) or []
+        artifact = rec.uuid in self.index.artifacts
+        out: list[tuple[str, str | None]] = []
+        call_id = f"attachment-{rec.uuid}"
+        for k, m in enumerate(sent):
+            meta = {"attachment": att.get("type"), "uuid": rec.uuid, "timestamp": rec.obj.get("timestamp")}
+            if artifact:
+                meta["compaction_artifact"] = True
+            fields: dict[str, Any] = {}
+            if m.get("tool_calls"):
+                fields["tool_calls"] = [{"id": call_id, **tc} for tc in m["tool_calls"]]
+            if m["role"] == "tool":
+                fields.update(tool_call_id=call_id, name=m.get("name"))
+            mid = self.b.message(m["role"], m["content"], id=rec.uuid if len(sent) == 1 else f"{rec.uuid}#{k}",
+                                 author="harness" if artifact else "system", meta=meta, **fields)
+            out.append((mid, call_id if m.get("tool_calls") else None))
+            self.msg_uuid[mid] = rec.uuid
+        self.result.notes["attachment_messages"] += len(out)
+        self.msg_ids[rec.uuid] = out
+        return out
+
     # --- contexts ---------------------------------------------------------------------------------
 
-    def _chain(self, start: str | None) -> tuple[list[_Rec], _Rec | None, bool]:
-        """Records from the chain root (or newest compact_boundary) to ``start``, oldest first."""
+    def _chain(self, start: str | None, at: float) -> tuple[list[_Rec], _Rec | None, bool]:
+        """Records from the chain root (or newest compact_boundary) to ``start``, oldest first, as the
+        chain stood for a call at order ``at`` (with the relinks of the compaction before it)."""
         chain, boundary, gap, seen = [], None, False, set()
+        relink = self.index.relinks_at(at)
         uid = start
         while uid and uid not in seen:
             seen.add(uid)
@@ -316,9 +460,9 @@ class _Trajectory:
                 boundary = rec
                 break
             chain.append(rec)
-            if rec.uuid in self.index.missing:
+            if rec.uuid in self.index.missing and rec.uuid not in relink:
                 gap = True
-            uid = rec.parent
+            uid = self.index.parent(rec, relink)
         chain.reverse()
         return chain, boundary, gap
 
@@ -350,6 +494,11 @@ class _Trajectory:
                     for rid, tu in self._user(res_rec):
                         if tu == tc.id:
                             put(rid)
+            elif kind == "attachment":
+                for mid, tu in self._attachment(rec):
+                    if tu is not None:
+                        issued.add(tu)
+                    put(mid)
             elif kind == "user":
                 for mid, tu in self._user(rec):
                     if mid in placed:
@@ -375,6 +524,7 @@ class _Trajectory:
 
     def add_calls(self, recs: list[_Rec]) -> None:
         firsts = [r for r in recs if r.obj.get("type") == "assistant" and self.index.groups[group_key(r.obj)][0] is r]
+        firsts.sort(key=lambda r: r.order)  # preserved responses re-written after a boundary go back in place
         summaries = sorted(self.pending_summaries, key=lambda x: x[0])
         for rec in firsts:
             ts = rec.obj.get("timestamp") or ""
@@ -386,8 +536,8 @@ class _Trajectory:
 
     def _call(self, first: _Rec, summarization: bool = False) -> None:
         key = group_key(first.obj)
-        chain, boundary, gap = self._chain(first.parent)
-        context = self._context(chain, before=first.order)
+        chain, boundary, gap = self._chain(first.parent, at=first.order)
+        context, cleared = self._micro(self._context(chain, before=first.order), first.parent)
         if not context:
             self.result.notes["calls_without_context"] += 1
             return
@@ -410,6 +560,85 @@ class _Trajectory:
         if not summarization:
             self._maybe_evict(cid, boundary, context)
             self.boundary_of_call[cid] = boundary.uuid if boundary else None
+        self._micro_evictions(cid, cleared)
+        self.delivered.update([*context, response])
+
+    # --- micro-compaction ---------------------------------------------------------------------------
+
+    def _microcompacts_above(self, start: str | None) -> list[_Rec]:
+        """microcompact_boundary records the chain up to ``start`` descends from, oldest first
+        (through earlier compactions via their ``logicalParentUuid``)."""
+        out: list[_Rec] = []
+        uid, seen = start, set()
+        while uid and uid not in seen:
+            seen.add(uid)
+            rec = self.index.by_uuid.get(uid)
+            if rec is None:
+                break
+            o = rec.obj
+            if o.get("type") == "system" and o.get("subtype") == "microcompact_boundary":
+                out.append(rec)
+            if o.get("type") == "system" and o.get("subtype") == "compact_boundary":
+                uid = o.get("logicalParentUuid")
+                continue
+            uid = self.index.parent(rec, {})
+        return out[::-1]
+
+    def _micro(self, context: list[str], start: str | None) -> tuple[list[str], list[tuple[_Rec, list]]]:
+        """``context`` with the tool results cleared by micro-compactions above ``start`` replaced by the
+        placeholder (and cleared attachments left out); plus (boundary, [(removed, placeholder or None)])."""
+        if not self.index.microcompacts or not context:
+            return context, []
+        events = []
+        for mb in self._microcompacts_above(start):
+            md = mb.obj.get("microcompactMetadata") or {}
+            tool_ids = set(md.get("compactedToolIds") or [])
+            attached = set(md.get("clearedAttachmentUUIDs") or [])
+            if not tool_ids and not attached:
+                continue
+            out, pairs = [], []
+            for mid in context:
+                m = self.b.messages[self._pos(mid)]
+                if m.role == "tool" and m.tool_call_id in tool_ids and not m.meta.get("cleared_by"):
+                    ph = self._placeholder(m, mb)
+                    out.append(ph)
+                    pairs.append((mid, ph))
+                elif self.msg_uuid.get(mid) in attached:
+                    pairs.append((mid, None))
+                else:
+                    out.append(mid)
+            context = out
+            events.append((mb, pairs))
+        return context, events
+
+    def _placeholder(self, m, boundary: _Rec) -> str:
+        if m.id not in self.placeholders:
+            meta: dict[str, Any] = {"cleared_by": boundary.uuid, "inferred_text": True}
+            saved = self.source.with_suffix("") / "tool-results"
+            hits = sorted(saved.glob(f"{m.tool_call_id}*")) if saved.is_dir() else []
+            if hits:
+                meta["full_result_file"] = str(hits[0])
+            self.placeholders[m.id] = self.b.message("tool", CLEARED, id=f"{m.id}:cleared", tool_call_id=m.tool_call_id,
+                                                     author="harness", meta=meta)
+        return self.placeholders[m.id]
+
+    def _micro_evictions(self, cid: str, cleared: list[tuple[_Rec, list]]) -> None:
+        """One ``prune`` eviction per micro-compaction, before the first call that no longer sees what an
+        earlier call saw."""
+        for mb, pairs in cleared:
+            new = [(r, i) for r, i in pairs if r in self.delivered and r not in self.evicted]
+            self.result.notes["cleared_before_delivery"] += sum(
+                1 for r, _ in pairs if r not in self.delivered and r not in self.evicted)
+            self.evicted.update(r for r, _ in pairs if r not in self.delivered)
+            if not new:
+                continue
+            self.evicted.update(r for r, _ in new)
+            md = mb.obj.get("microcompactMetadata") or {}
+            self.b.eviction(cid, "prune", [r for r, _ in new], [i for _, i in new if i is not None],
+                            trigger=md.get("trigger"), tokens_before=md.get("preTokens"),
+                            meta={"microcompact_boundary": mb.uuid, "tokens_saved": md.get("tokensSaved"),
+                                  "placeholder_text_inferred": True})
+            self.result.notes["microcompactions"] += 1
 
     def _maybe_evict(self, cid: str, boundary: _Rec | None, context: list[str]) -> None:
         prev = next((c for c in reversed(self.b.calls[:-1]) if c.id in self.boundary_of_call), None)
@@ -420,8 +649,8 @@ class _Trajectory:
         logical = o.get("logicalParentUuid")
         meta: dict[str, Any] = {"boundary_uuid": boundary.uuid, "logical_parent": logical}
         if logical and logical in self.index.by_uuid:
-            pre_chain, _, _ = self._chain(logical)
-            before = self._context(pre_chain, before=boundary.order)
+            pre_chain, _, _ = self._chain(logical, at=boundary.order)
+            before, _ = self._micro(self._context(pre_chain, before=boundary.order), logical)
         else:
             # Dangling logicalParentUuid: what the previous call delivered is the best record.
             meta["dangling_logical_parent"] = True
@@ -429,7 +658,9 @@ class _Trajectory:
             before = [*prev.context, prev.response]
         now = set(context)
         table = {m.id: m for m in self.b.messages}
-        inserted = [m for m in context if table[m].meta.get("compact_summary")]
+        was = set(before)
+        inserted = [m for m in context if m not in was and (table[m].meta.get("compact_summary")
+                                                             or table[m].meta.get("compaction_artifact"))]
         self.b.eviction(cid, "summarize", [m for m in before if m not in now], inserted,
                         trigger=meta_c.get("trigger"), tokens_before=meta_c.get("preTokens"), meta=meta)
         self.result.notes["compactions"] += 1

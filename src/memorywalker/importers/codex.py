@@ -8,7 +8,10 @@ with ``replacement_history`` by exactly those items (items equal to earlier ones
 ones are harness artifacts); without it (older rollouts) by the initial context items, the earlier
 real user messages that fit Codex's 20k-token budget (≈4 bytes per token, newest first) and the
 summary as a user message. Each compaction is a white-box ``summarize`` eviction before the next
-call. ``event_msg`` and ``turn_context`` records are UI/bookkeeping and are skipped (counted).
+call. ``event_msg``, ``turn_context`` and ``world_state`` records are UI/bookkeeping and are skipped
+(counted). Server-side compaction (``compacted`` with an empty ``message`` and a ``replacement_history``
+ending in an encrypted ``compaction`` item) keeps that item in the history as an opaque harness
+artifact: the model receives it, its text is unknown, so it is not trainable text.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ FORMAT = "codex"
 _OUTPUT = {"reasoning", "function_call", "local_shell_call", "custom_tool_call", "web_search_call"}
 _RESULT = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 _PREFIX_TAGS = ("<environment_context>", "<user_instructions>", "# AGENTS.md", "<INSTRUCTIONS>")
+OPAQUE_COMPACTION = "[encrypted compaction item]"  # stands in for the opaque item in rendered contexts
 USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
 
 
@@ -64,6 +68,12 @@ class _Replay:
             if author is None:
                 author = "system" if role == "system" or text.startswith(_PREFIX_TAGS) else "user"
             mid = self.b.message(role, text, author=author)
+        elif kind in ("compaction", "compaction_summary"):
+            # Server-side compaction: an encrypted item the model receives back; its text is opaque.
+            enc = str(item.get("encrypted_content") or "")
+            mid = self.b.message("user", OPAQUE_COMPACTION, author="harness",
+                                 meta={"opaque": kind, "encrypted_chars": len(enc)})
+            self.result.notes["opaque_compaction_items"] += 1
         elif kind in _RESULT:
             out = item.get("output")
             text = out.get("content", json.dumps(out)) if isinstance(out, dict) else str(out or "")
@@ -191,7 +201,8 @@ def import_file(path: Path, result: ImportResult) -> None:
         elif kind == "compacted":
             result.imported += 1
             replay.compacted(payload)
-        elif kind in ("event_msg", "turn_context"):
+        elif kind in ("event_msg", "turn_context", "world_state"):
+            # Not replayed into the model history on resume (only response_item and compacted are).
             result.skipped[kind] += 1
         else:
             result.reject(path, line, "unknown_record_type", f"line {line}: record type {kind!r}")

@@ -18,7 +18,9 @@ stored message.
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +66,60 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
 
 
 def _import_db(path: Path, result: ImportResult) -> None:
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        sessions = con.execute("select id, data from session order by id").fetchall()
-        for sid, sdata in sessions:
-            msgs = []
-            for mid, mdata in con.execute("select id, data from message where session_id = ? order by id", (sid,)):
-                parts = [json.loads(d) for (d,) in con.execute(
-                    "select data from part where message_id = ? order by id", (mid,))]
-                msgs.append({"info": {"id": mid, "sessionID": sid, **json.loads(mdata)}, "parts": parts})
-            import_session({"id": sid, **json.loads(sdata or "{}")}, msgs, path, result)
-    except (sqlite3.Error, json.JSONDecodeError) as e:
-        result.reject(path, None, "unreadable_file", f"{path.name}: {e}")
+    """Read ``opencode.db`` from a private copy (with its ``-wal``), so the live database and its WAL
+    are never touched and rows not yet checkpointed are still read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        try:
+            for suffix in ("", "-wal"):
+                if Path(f"{path}{suffix}").exists():
+                    shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
+            con = sqlite3.connect(f"file:{copy}", uri=True)
+            _read_db(con, path, result)
+            con.close()
+        except (OSError, sqlite3.Error) as e:
+            result.reject(path, None, "unreadable_file", f"{path.name}: {e}")
+
+
+def _read_db(con: sqlite3.Connection, path: Path, result: ImportResult) -> None:
+    """v1.2: ``session.data`` holds the session info; v1.3: the session is columns (``parent_id``,
+    ``title``, ``time_created``, ``time_compacting``, ``revert``, ...). In both, ``message.data`` and
+    ``part.data`` are the MessageV2 info / part without their id columns."""
+    columns = {row[1] for row in con.execute("pragma table_info(session)")}
+    msg_columns = {row[1] for row in con.execute("pragma table_info(message)")}
+    order = "time_created, id" if "time_created" in msg_columns else "id"
+    if "data" in columns:
+        sessions = [(sid, data) for sid, data in con.execute("select id, data from session order by id")]
+    else:
+        con.row_factory = sqlite3.Row
+        sessions = [(r["id"], _session_info(dict(r))) for r in con.execute("select * from session order by id")]
+        con.row_factory = None
+    for sid, sdata in sessions:
+        if isinstance(sdata, str) or sdata is None:
+            try:
+                sdata = json.loads(sdata or "{}")
+            except json.JSONDecodeError as e:
+                result.read += 1
+                result.reject(path, None, "bad_json", f"session {sid}: {e}")
+                continue
+        msgs: list[Any] = []
+        for mid, mdata in con.execute(f"select id, data from message where session_id = ? order by {order}", (sid,)):
+            try:
+                info = {"id": mid, "sessionID": sid, **json.loads(mdata)}
+                parts = [{"id": pid, "messageID": mid, "sessionID": sid, **json.loads(d)} for pid, d in con.execute(
+                    "select id, data from part where message_id = ? order by id", (mid,))]
+            except (json.JSONDecodeError, TypeError) as e:
+                msgs.append(f"message {mid}: data is not a JSON object ({e})")
+                continue
+            msgs.append({"info": info, "parts": parts})
+        import_session({"id": sid, **sdata}, msgs, path, result)
+
+
+def _session_info(row: dict) -> dict:
+    """A v1.3 session row as the session info fields the importer reads."""
+    info = {"id": row["id"], "title": row.get("title"), "parentID": row.get("parent_id"),
+            "time": {k: row.get(f"time_{k}") for k in ("created", "updated", "compacting")}}
+    return {k: v for k, v in info.items() if v is not None}
 
 
 def _time(x: dict) -> float:
@@ -96,6 +140,9 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
     boundary = None
     for k, entry in enumerate(messages):
         result.read += 1
+        if isinstance(entry, str):  # a database row whose JSON did not parse
+            result.reject(source, k, "bad_json", entry)
+            continue
         mi = entry.get("info") if isinstance(entry, dict) else None
         parts = entry.get("parts") if isinstance(entry, dict) else None
         if not isinstance(mi, dict) or not isinstance(parts, list) or mi.get("role") not in ("user", "assistant"):

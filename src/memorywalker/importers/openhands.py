@@ -1,7 +1,10 @@
 """OpenHands event lists / event streams → trajectories.
 
 Input: a JSON list of serialized events (``trajs_*.json``, ``/api/.../events`` output), a JSONL
-event stream, or a directory of ``<id>.json`` event files. One call per model response: actions
+event stream, a directory of ``<id>.json`` event files, or OpenHands' session folders as its file
+store writes them (``sessions/<sid>/events/<id>.json``, ``event_cache/<start>-<end>.json`` pages
+that repeat those events, ``metadata.json``); a folder of such session folders imports each.
+One call per model response: actions
 sharing ``tool_call_metadata.model_response.id`` are one response (parallel tool calls), an agent
 ``message`` action without metadata is a text response. The context of a call is the *view* at
 that moment, replayed as OpenHands' ``View.from_events`` does: condensation actions drop the
@@ -14,6 +17,7 @@ observation templates are not in the events, so those parts of the text are appr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,14 @@ _SKIP_OBS = {"agent_state_changed", "null", "recall", "agent_condensation"}
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
     for path in paths:
+        if path.is_dir() and (path / "events").is_dir():
+            import_session_dir(path, result)
+            continue
+        sessions = sorted(d for d in path.iterdir() if (d / "events").is_dir()) if path.is_dir() else []
+        if sessions:
+            for d in sessions:
+                import_session_dir(d, result)
+            continue
         files = sorted(path.glob("*.json"), key=lambda p: (len(p.stem), p.stem)) if path.is_dir() else []
         if files and all(f.stem.isdigit() for f in files):  # an event store: one event per <id>.json
             events = [e for f in files if (e := read_json(f, result)) is not None]
@@ -49,12 +61,48 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
     return result
 
 
+def import_session_dir(folder: Path, result: ImportResult) -> None:
+    """One ``sessions/<sid>/`` folder: the event files, plus any event a cache page holds whose own
+    file is missing (a page repeats events that have files: those copies are skipped, counted)."""
+    events: dict[int, Any] = {}
+    for f in (folder / "events").glob("*.json"):
+        try:
+            e = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            result.read += 1  # one event per file: a bad file is one rejected record
+            result.reject(f, 0, "bad_json", f"{f.name}: {err}")
+            continue
+        if f.stem.isdigit():
+            events[int(f.stem)] = e
+        else:
+            result.read += 1
+            result.reject(f, 0, "bad_format", f"{f.name}: event files are named <id>.json")
+    pages = sorted((folder / "event_cache").glob("*.json")) if (folder / "event_cache").is_dir() else []
+    for page in pages:
+        data = read_json(page, result)
+        for e in data if isinstance(data, list) else []:
+            if isinstance(e, dict) and isinstance(e.get("id"), int) and e["id"] not in events:
+                events[e["id"]] = e  # its own file is missing: the page is the only copy
+                result.notes["events_from_cache"] += 1
+            else:
+                result.read += 1
+                result.skipped["event_cache_copy"] += 1
+    meta = read_json(folder / "metadata.json", result) if (folder / "metadata.json").exists() else None
+    if meta is not None:
+        result.read += 1
+        result.skipped["metadata"] += 1
+    import_events([events[k] for k in sorted(events)], folder, result,
+                  meta={"title": meta.get("title")} if isinstance(meta, dict) and meta.get("title") else None)
+
+
 def _response_of(event: dict) -> dict | None:
     return ((event.get("tool_call_metadata") or {}).get("model_response")) or None
 
 
-def import_events(events: list[Any], path: Path, result: ImportResult, counted: bool = False) -> None:
-    b = TrajectoryBuilder(path.stem, task=Task(id=path.stem), lineage=Lineage(source=FORMAT, source_path=str(path)))
+def import_events(events: list[Any], path: Path, result: ImportResult, counted: bool = False,
+                  meta: dict | None = None) -> None:
+    b = TrajectoryBuilder(path.stem, task=Task(id=path.stem), lineage=Lineage(source=FORMAT, source_path=str(path)),
+                          meta=meta)
     view: list[tuple[int, str]] = []  # (event id, message id) currently visible, in order
     summary: tuple[int, str] | None = None  # (offset, message id) of the newest condensation summary
     pending = None  # eviction waiting for the next call

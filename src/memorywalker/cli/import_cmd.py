@@ -1,4 +1,8 @@
-"""``memorywalker import FORMAT PATH... -o FILE``: harness logs → trajectory JSONL + rejects."""
+"""``memorywalker import FORMAT PATH... -o FILE``: harness logs → trajectory JSONL + rejects.
+
+Exits 2 (one line, after writing the rejects file) when no trajectory was imported - an empty
+directory, a binary file - and, with ``--strict``, when any record, file or trajectory was rejected.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ def import_logs(
     redact: bool = typer.Option(False, "--redact", help="replace API keys, e-mails and home paths by placeholders"),
     max_input_tokens: int = typer.Option(None, "--max-input-tokens", help="qwen-agent: replay its truncation at this budget"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="qwen-agent: HF tokenizer dir used to count tokens"),
+    strict: bool = typer.Option(False, "--strict", help="exit 2 when anything was rejected, not only when nothing was imported"),
 ) -> None:
     """Import harness logs as trajectories with the contexts each model call received."""
     from rich.console import Console
@@ -37,13 +42,18 @@ def import_logs(
         count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     result = run_import(format, paths, ImportOptions(redact=redact, max_input_tokens=max_input_tokens,
                                                      count_tokens=count))
-    write_trajectories(output, result.trajectories)
     rejects_path = output.with_name(output.stem + ".rejects.jsonl")
     with open(rejects_path, "w", encoding="utf-8") as f:
         for r in result.rejects:
             f.write(json.dumps(r.as_dict(), ensure_ascii=False) + "\n")
-
     c = result.counts()
+    reasons = ", ".join(f"{k}={v}" for k, v in {**c["rejects_by_reason"], **c["dropped_by_reason"]}.items())
+    inputs = " ".join(str(p) for p in paths)
+    if not result.trajectories:  # nothing to write: fail (no empty output file)
+        raise ValueError(f"{inputs}: no {format} trajectory imported (read {c['read']} records, rejected "
+                         f"{c['rejected']}{'; ' + reasons if reasons else ''}); reasons in {rejects_path}")
+    write_trajectories(output, result.trajectories)
+
     table = Table(title=f"memorywalker import {format}")
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -53,7 +63,15 @@ def import_logs(
         table.add_row(f"evictions: {kind}", str(n))
     for reason, n in c["rejects_by_reason"].items():
         table.add_row(f"rejects: {reason}", str(n))
+    for reason, n in c["dropped_by_reason"].items():
+        table.add_row(f"dropped (file/trajectory): {reason}", str(n))
+    for reason, n in c["warnings_by_reason"].items():
+        table.add_row(f"kept, context cut: {reason}", str(n))
     for kind, n in c["skipped_by_kind"].items():
         table.add_row(f"skipped: {kind}", str(n))
     Console().print(table)
     typer.echo(f"wrote {c['trajectories']} trajectories to {output}; {len(result.rejects)} rejects to {rejects_path}")
+    if strict and (c["rejected"] or c["dropped_by_reason"]):
+        raise ValueError(f"{inputs}: --strict and {c['rejected']} records rejected"
+                         f"{', ' + str(sum(c['dropped_by_reason'].values())) + ' files/trajectories dropped' if c['dropped_by_reason'] else ''}"
+                         f" ({reasons}); reasons in {rejects_path}")

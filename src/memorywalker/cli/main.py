@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import typer
 
+from memorywalker.cli.errors import OneLineErrors
+
 app = typer.Typer(
+    cls=OneLineErrors,  # every failure: one line naming the input and the cause, exit 2 (--debug: traceback)
     name="memorywalker",
     help="Train LLM agents on the contexts they actually saw.",
     no_args_is_help=True,
@@ -34,6 +37,12 @@ methods_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
 train_cmd.register(app)
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (allowed "
+                                        "anywhere on the command line)")) -> None:
+    """Train LLM agents on the contexts they actually saw."""
 
 
 def main() -> None:  # pragma: no cover

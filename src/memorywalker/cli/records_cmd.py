@@ -47,16 +47,24 @@ def validate(
     rejects: Path | None = typer.Option(None, help="Write rejected lines with their reasons here (JSONL)."),
     tokenizer: Path | None = typer.Option(None, help="HF tokenizer dir: also check token ids against its vocab."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 2 when any line is rejected."),
 ):
-    """Check records against schema v1; every line is accepted or rejected with a reason code."""
+    """Check records against schema v1; every line is accepted or rejected with a reason code.
+    Exits 2 when no line was accepted (or, with --strict, when any was rejected)."""
     vocab = len(_load_tokenizer(tokenizer)) if tokenizer else None
-    reader = TrajectoryReader(files, rejects_path=rejects, vocab_size=vocab)
+    reader = TrajectoryReader(files, rejects_path=rejects, vocab_size=vocab)  # rejects streamed, not held
     for _ in reader:
         pass
     _print_read_summary(reader, as_json)
     if not as_json and reader.rejects:
         for r in reader.rejects[:20]:
             console.print(f"  {r.source}:{r.line} [red]{r.code}[/red] {r.message}")
+    names = " ".join(str(f) for f in files)
+    if reader.summary.accepted == 0:
+        raise ValueError(f"{names}: no valid trajectory ({reader.summary})")
+    if strict and reader.summary.rejected:
+        raise ValueError(f"{names}: --strict and {reader.summary.rejected} of {reader.summary.read} lines rejected "
+                         f"({reader.summary})")
 
 
 def _print_read_summary(reader: TrajectoryReader, as_json: bool) -> None:

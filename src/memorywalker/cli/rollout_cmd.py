@@ -3,7 +3,8 @@
     memorywalker rollout --env websearch --suite chain --harness claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
 
 Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
-it stopped, without duplicating or losing episodes.
+it stopped, without duplicating or losing episodes. Resuming checks that the file's episodes were run
+with the same environment, harness and policy settings (``--override-config`` appends anyway).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def rollout_cmd(
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="hf/openai response length limit"),
     top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
     model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
+    request_timeout: float = typer.Option(120.0, "--request-timeout", min=0.001,
+                                          help="openai: seconds to wait for one answer before retrying"),
+    retries: int = typer.Option(3, "--retries", min=0,
+                                help="openai: retries of a refused connection, timeout or 5xx (backoff 1, 2, 4 s...)"),
+    override_config: bool = typer.Option(False, "--override-config",
+                                         help="append to an output whose episodes used another configuration"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Roll out N tasks of a suite with a policy backend under a compression policy; record every call."""
@@ -60,7 +67,7 @@ def rollout_cmd(
     if kind in ("hf", "openai"):
         kwargs = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k)
         if kind == "openai":
-            kwargs["model"] = model
+            kwargs.update(model=model, timeout=request_timeout, retries=retries)
     try:
         pol = make_policy(policy, **kwargs)
     except ValueError as e:
@@ -80,7 +87,7 @@ def rollout_cmd(
     environment = ENVIRONMENTS[env](world_seed=world_seed)
     try:
         _, summary = rollout(environment, pol, tok, config, suite=suite, n=n, seed=seed, split=split,
-                             samples=samples, out=output, progress=progress)
+                             samples=samples, out=output, progress=progress, override_config=override_config)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 

@@ -28,12 +28,14 @@ def _command(recipe: str):
         config: Path = typer.Option(None, "--config", "-c", help="TOML config file", exists=True, dir_okay=False),
         method: str = typer.Option(None, "--method", "-m",
                                    help="a training method (`memorywalker methods` lists them)"),
-        resume: bool = typer.Option(False, "--resume", help="continue from run_dir's newest checkpoint"),
+        resume: bool = typer.Option(False, "--resume", help="continue from run_dir's newest checkpoint that verifies"),
+        override_config: bool = typer.Option(False, "--override-config",
+                                             help="with --resume: accept result-changing config changes"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
     ) -> None:
         import importlib
 
-        from memorywalker.train.config import ConfigError, load_config
+        from memorywalker.train.config import load_config
 
         module_name, cls_name = RECIPES[recipe]
         module = importlib.import_module(module_name)
@@ -42,10 +44,9 @@ def _command(recipe: str):
             extra.append(f"method={method}")
         if resume:
             extra.append("resume=true")
-        try:
-            cfg = load_config(getattr(module, cls_name), config, extra)
-        except ConfigError as e:
-            raise typer.BadParameter(str(e)) from None
+        if override_config:
+            extra.append("override_config=true")
+        cfg = load_config(getattr(module, cls_name), config, extra)  # a ConfigError is one line, exit 2
         result = module.train(cfg, progress=progress)
         last = result.metrics[-1] if result.metrics else {}
         summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "reward_mean") if k in last)
@@ -63,6 +64,8 @@ def register(app: typer.Typer) -> None:
 
 def recipe_main(recipe: str) -> None:
     """Entry point of ``python -m memorywalker.recipes.<recipe>`` (what torchrun/accelerate launch)."""
+    from memorywalker.cli.errors import run_single
+
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(recipe)(_command(recipe))
-    app(prog_name=f"memorywalker {recipe}")
+    run_single(app, f"memorywalker {recipe}")

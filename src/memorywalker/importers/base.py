@@ -27,6 +27,7 @@ IMPORT_REASONS: dict[str, str] = {
     "unknown_record_type": "a record type this importer does not know; it is not sent to the model",
     "missing_field": "a record lacks a field the format requires",
     "missing_parent": "a record's parent is not in the input: contexts behind it are incomplete",
+    "parent_cycle": "a record's parent links loop: the context behind it is cut where the loop closes",
     "orphan_tool_result": "a tool result answers no tool call of its context; it was left out",
     "no_calls": "the input holds no model call",
     # A built trajectory failed check_trajectory: the reason is "invalid_trajectory:<code>".
@@ -96,7 +97,13 @@ class ImportResult:
             "trajectories": len(self.trajectories),
             "calls": sum(len(t.calls) for t in self.trajectories),
             "evictions": dict(sorted(evictions.items())),
-            "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects).items())),
+            # Record rejects (they add up to ``rejected``); whole files or trajectories dropped; records
+            # kept with a warning (a cut context). Each list adds up on its own.
+            "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects
+                                                     if r.line is not None and not r.kept).items())),
+            "dropped_by_reason": dict(sorted(Counter(r.reason for r in self.rejects if r.line is None).items())),
+            "warnings_by_reason": dict(sorted(Counter(r.reason for r in self.rejects
+                                                      if r.line is not None and r.kept).items())),
             "skipped_by_kind": dict(sorted(self.skipped.items())),
             "notes": dict(sorted(self.notes.items())),
         }

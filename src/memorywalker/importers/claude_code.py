@@ -444,24 +444,30 @@ class _Trajectory:
 
     # --- contexts ---------------------------------------------------------------------------------
 
-    def _chain(self, start: str | None, at: float) -> tuple[list[_Rec], _Rec | None, bool]:
+    def _chain(self, start: str | None, at: float, own: str | None = None) -> tuple[list[_Rec], _Rec | None, str | None]:
         """Records from the chain root (or newest compact_boundary) to ``start``, oldest first, as the
-        chain stood for a call at order ``at`` (with the relinks of the compaction before it)."""
-        chain, boundary, gap, seen = [], None, False, set()
+        chain stood for a call at order ``at`` (with the relinks of the compaction before it), and why
+        the chain is incomplete (None when it is whole): ``context_gap`` (a parent is missing) or
+        ``parent_cycle`` (the parentUuid links loop, or lead back to the response ``own`` itself; the
+        chain is cut where the loop closes)."""
+        chain, boundary, gap, seen = [], None, None, set()
         relink = self.index.relinks_at(at)
         uid = start
-        while uid and uid not in seen:
-            seen.add(uid)
+        while uid:
             rec = self.index.by_uuid.get(uid)
             if rec is None:
-                gap = True
+                gap = "context_gap"
                 break
+            if uid in seen or (own is not None and rec.obj.get("type") == "assistant" and group_key(rec.obj) == own):
+                gap = "parent_cycle"
+                break
+            seen.add(uid)
             if rec.obj.get("type") == "system" and rec.obj.get("subtype") == "compact_boundary":
                 boundary = rec
                 break
             chain.append(rec)
             if rec.uuid in self.index.missing and rec.uuid not in relink:
-                gap = True
+                gap = gap or "context_gap"
             uid = self.index.parent(rec, relink)
         chain.reverse()
         return chain, boundary, gap
@@ -536,7 +542,7 @@ class _Trajectory:
 
     def _call(self, first: _Rec, summarization: bool = False) -> None:
         key = group_key(first.obj)
-        chain, boundary, gap = self._chain(first.parent, at=first.order)
+        chain, boundary, gap = self._chain(first.parent, at=first.order, own=key)
         context, cleared = self._micro(self._context(chain, before=first.order), first.parent)
         if not context:
             self.result.notes["calls_without_context"] += 1
@@ -549,7 +555,11 @@ class _Trajectory:
         fields: dict[str, Any] = {}
         if summarization:
             fields["purpose"] = "summarize"
-        if gap:
+        if gap == "parent_cycle":
+            self.result.reject(first.source, first.line, "parent_cycle", f"line {first.line}: the parentUuid chain "
+                               "behind this response loops; its context is cut where the loop closes", kept=True)
+            fields.update(selected=False, reason="parent_cycle: the parentUuid chain loops; context cut at the loop")
+        elif gap:
             fields.update(selected=False, reason="context_gap: a parent record is missing")
         if msg.meta.get("synthetic"):
             fields.update(selected=False, reason="synthetic response written by the harness")

@@ -49,6 +49,7 @@ from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.model import load_model
+from memorywalker.train.rundir import check_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -125,16 +126,17 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     info = init_distributed()
     check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
     run_dir = Path(cfg.run_dir)
+    check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
+    barrier()  # every rank checks before rank 0 writes config.json
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
-    state = restore(run_dir, cfg.resume, model, optimizer)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        record_config(cfg)
 
     # --- rollout machinery: world, harness, a sampler over the live weights ------------------------------
     env = env if env is not None else ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
@@ -148,8 +150,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                           grpo_scale_by_std=cfg.grpo_scale_by_std)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main,
-                           resume_step=start if state else None)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []

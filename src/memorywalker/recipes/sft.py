@@ -35,6 +35,7 @@ from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.model import load_model
+from memorywalker.train.rundir import check_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -76,30 +77,32 @@ def step_trajectories(n: int, batch_size: int, step: int, seed: int) -> list[int
 def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True) -> TrainResult:
     """Run the recipe on ``cfg.data``, or on ``trajectories`` when given."""
 
-    # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
+    # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
     info = init_distributed()
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
     run_dir = Path(cfg.run_dir)
-    torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
-    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
-    state = restore(run_dir, cfg.resume, model, optimizer)
-    start = state["step"] if state else 0
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-
-    # --- data: read, render, keep the trajectories that have targets ------------------------------------
+    check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
+    barrier()  # every rank checks before rank 0 writes config.json
     if trajectories is None:
         if cfg.data is None:
             raise ConfigError("sft needs data=FILE (a trajectory JSONL) or trajectories passed to train()")
         run_dir.mkdir(parents=True, exist_ok=True)
         reader = TrajectoryReader(cfg.data, rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl")
         trajectories = list(reader)
+        if not trajectories:
+            raise ValueError(f"data {cfg.data}: no valid trajectory ({reader.summary}"
+                             f"{'; reasons in ' + str(reader.rejects_path) if reader.summary.rejected else ''})")
         if info.is_main and reader.summary.rejected:
             print(f"sft: {reader.summary}")  # rejected records are in the rejects file, with reasons
+    torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
+    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
+    start = state["step"] if state else 0
+
+    # --- data: render, keep the trajectories that have targets -------------------------------------------
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
@@ -111,10 +114,11 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     if state and state.get("num_trajectories") != len(data):
         raise ValueError(f"resume: the checkpoint was trained on {state.get('num_trajectories')} trajectories, "
                          f"the data now has {len(data)}")
+    if info.is_main:
+        record_config(cfg)
     engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main,
-                           resume_step=start if state else None)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []

@@ -90,8 +90,10 @@ def parse_line(raw: bytes, *, final: bool, vocab_size: int | None = None) -> Tra
 class TrajectoryReader:
     """Iterate the valid trajectories of one or more JSONL files; reject the rest with reasons.
 
-    Rejects are appended to ``rejects_path`` (if given) as ``{"source", "line", "reason", "message",
-    "raw"}`` objects. Trajectory ids must be unique across everything one reader reads.
+    Rejects are streamed to ``rejects_path`` (if given) as ``{"source", "line", "reason", "message",
+    "raw"}`` objects. Without a rejects file only the first ``keep_rejects`` are kept in ``rejects``
+    (for display): memory stays constant however many lines are rejected; ``summary`` counts them all.
+    Trajectory ids must be unique across everything one reader reads.
     """
 
     def __init__(
@@ -100,12 +102,14 @@ class TrajectoryReader:
         *,
         rejects_path: str | os.PathLike | None = None,
         vocab_size: int | None = None,
+        keep_rejects: int = 20,
     ):
         self.paths = [Path(paths)] if isinstance(paths, str | os.PathLike) else [Path(p) for p in paths]
         self.rejects_path = Path(rejects_path) if rejects_path else None
         self.vocab_size = vocab_size
         self.summary = ReadSummary()
-        self.rejects: list[Reject] = []  # kept only when no rejects file is given
+        self.rejects: list[Reject] = []  # the first keep_rejects, only when no rejects file is given
+        self.keep_rejects = keep_rejects
         self._seen_ids: set[str] = set()
 
     def __iter__(self) -> Iterator[Trajectory]:
@@ -142,7 +146,8 @@ class TrajectoryReader:
         self.summary.rejected += 1
         self.summary.by_reason[reject.code] += 1
         if rejects_file is None:
-            self.rejects.append(reject)
+            if len(self.rejects) < self.keep_rejects:
+                self.rejects.append(reject)
             return
         rejects_file.write(json.dumps({"source": reject.source, "line": reject.line, "reason": reject.code,
                                        "message": reject.message, "raw": reject.raw}, ensure_ascii=False) + "\n")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -188,16 +190,22 @@ class OpenAIPolicy:
     ``return_tokens_as_token_ids``, ``skip_special_tokens``); servers ignore fields they do not know.
     Token ids are taken from ``choices[0].token_ids`` (vLLM ``return_token_ids``), else from
     ``logprobs.tokens`` entries of the form ``token_id:N`` (vLLM ``--return-tokens-as-token-ids``).
+
+    A refused or dropped connection, a timeout (``timeout`` seconds per request) or a 5xx answer is
+    retried ``retries`` times, waiting ``backoff × 2^attempt`` seconds in between; then, like any 4xx
+    answer or a body that is not a completion, it raises :class:`EndpointError` naming the URL.
     """
 
     name = "openai"
 
     def __init__(self, url: str, *, model: str = "default", temperature: float = 1.0, max_new_tokens: int = 256,
-                 top_k: int = 5, timeout: float = 120.0, stop_ids: list[int] | None = None, api_key: str | None = None):
+                 top_k: int = 5, timeout: float = 120.0, stop_ids: list[int] | None = None, api_key: str | None = None,
+                 retries: int = 3, backoff: float = 1.0):
         url = url.rstrip("/")
         self.url = url if url.endswith("/v1") else url + "/v1"
         self.model, self.temperature, self.max_new_tokens = model, temperature, max_new_tokens
         self.top_k, self.timeout, self.stop_ids, self.api_key = top_k, timeout, stop_ids, api_key
+        self.retries, self.backoff = retries, backoff
 
     def start(self, task: Task | None = None) -> None:
         pass
@@ -215,10 +223,32 @@ class OpenAIPolicy:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + "/completions", data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            data = json.loads(resp.read())
-        return parse_completion(data)
+        url = self.url + "/completions"
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    raw = resp.read()
+                break
+            except urllib.error.HTTPError as e:  # an answer: only a server error is worth retrying
+                cause = f"HTTP {e.code} {e.reason}: {e.read()[:200].decode('utf-8', 'replace')}"
+                if e.code < 500:
+                    raise EndpointError(f"{url}: {cause}") from None
+            except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
+                cause = str(getattr(e, "reason", None) or e) or type(e).__name__
+                if isinstance(e, TimeoutError) or "timed out" in cause:
+                    cause = f"no answer within {self.timeout:g} s (timed out)"
+            if attempt == self.retries:
+                raise EndpointError(f"{url}: {cause} (after {attempt + 1} attempts)") from None
+            time.sleep(self.backoff * 2 ** attempt)
+        try:
+            return parse_completion(json.loads(raw))
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise EndpointError(f"{url}: not a completions response ({type(e).__name__}: {e})") from None
+
+
+class EndpointError(ConnectionError):
+    """An OpenAI-compatible endpoint failed for good; the message names its URL and the cause."""
 
 
 def _token_id(token: str) -> int:

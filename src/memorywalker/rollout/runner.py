@@ -13,7 +13,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memorywalker.records.io import TrajectoryWriter
@@ -105,10 +105,41 @@ def iter_rollouts(env: Environment, episodes: list[PlannedEpisode], policy: Poli
                           meta={"run_seed": run_seed, "sample": e.sample})
 
 
+def recorded_setup(path: str | os.PathLike) -> dict | None:
+    """The ``env``, ``harness`` and ``policy`` configuration recorded in the first episode of ``path``."""
+    with open(path, "rb") as f:
+        first = f.readline()
+    try:
+        meta = json.loads(first).get("meta") or {}
+    except ValueError:
+        return None
+    return {k: meta.get(k) for k in ("env", "harness", "policy")}
+
+
+def setup_changes(recorded: dict, current: dict, prefix: str = "") -> list[str]:
+    """``"harness.budget: 2048 -> 1024"`` for every leaf that differs.
+
+    >>> setup_changes({"env": {"world_seed": 0}}, {"env": {"world_seed": 1}})
+    ['env.world_seed: 0 -> 1']
+    """
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        a, b = recorded.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += setup_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {json.dumps(a)} -> {json.dumps(b)}")
+    return out
+
+
 def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, *, suite: str, n: int,
             seed: int = 0, split: str | None = None, samples: int = 1, out: str | os.PathLike | None = None,
-            progress: bool = False) -> tuple[list[Trajectory] | None, RolloutSummary]:
+            progress: bool = False, override_config: bool = False) -> tuple[list[Trajectory] | None, RolloutSummary]:
     """Roll out ``n`` tasks of ``suite`` x ``samples``; write them to ``out`` (resuming) or return them.
+
+    Resuming into ``out`` requires its episodes to have been run with the same environment, harness and
+    policy configuration (``override_config`` appends anyway). The file is created with its first
+    episode: a run that fails before one is complete leaves no empty file behind.
 
     Returns ``(trajectories or None when writing to a file, summary of the episodes run now)``.
     """
@@ -121,6 +152,14 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
         foreign = [i for i in ids if i not in planned]
         if foreign:
             raise ValueError(f"{out} holds episodes of a different run (e.g. {foreign[0]!r}); use another file")
+        recorded = recorded_setup(out) if ids else None
+        if recorded is not None and not override_config:
+            current = {"env": env.config(), "harness": asdict(config), "policy": policy.config()}
+            changed = setup_changes(recorded, json.loads(json.dumps(current)))  # tuples as JSON lists
+            if changed:
+                raise ValueError(f"{out}: its episodes were run with a different configuration "
+                                 f"({'; '.join(changed)}); pass --override-config to append anyway, "
+                                 "or use another file")
         if Path(out).exists() and Path(out).stat().st_size != good:
             with open(out, "r+b") as f:
                 f.truncate(good)
@@ -133,11 +172,12 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
 
         bar = tqdm(total=len(episodes), initial=len(done), desc=f"{suite}/{config.name}", unit="ep")
     trajs: list[Trajectory] = []
-    writer = TrajectoryWriter(out, mode="a") if out is not None else None
+    writer = None  # opened with the first finished episode: a failed run leaves no empty file
     try:
         for traj in iter_rollouts(env, todo, policy, tokenizer, config, run_seed=seed):
             summary.add(traj)
-            if writer is not None:
+            if out is not None:
+                writer = writer or TrajectoryWriter(out, mode="a")
                 writer.write(traj)
             else:
                 trajs.append(traj)
@@ -149,4 +189,4 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
             writer.close()
         if bar is not None:
             bar.close()
-    return (None if writer is not None else trajs), summary
+    return (None if out is not None else trajs), summary

@@ -2,28 +2,99 @@
 
 Layout of ``run_dir``::
 
-    checkpoints/step-000040/{model.safetensors, optimizer.pt, state.json, rng.pt}
-    checkpoints/latest          # text file naming the newest complete checkpoint
+    checkpoints/step-000040/{model.safetensors, optimizer.pt, state.json, rng.pt, manifest.json}
+    checkpoints/latest          # text file naming the newest checkpoint (for people; resume scans)
     final/                      # the trained model as a Hugging Face dir (save_pretrained + tokenizer)
 
-A checkpoint is written to a temporary folder and renamed into place, and ``latest`` is replaced
-atomically afterwards, so a process killed at any instant (SIGKILL included) leaves either the old or
-the new checkpoint complete, never a half-written one. Restoring weights, optimizer moments, every RNG
-and the data position makes a resumed CPU run bitwise identical to an uninterrupted one.
+A checkpoint is written to a temporary folder and renamed into place; ``manifest.json`` (the size and
+SHA-256 of every other file) is written last. A checkpoint is trusted only when it verifies against
+its manifest, so a process killed at any instant (SIGKILL included), a full disk or a file cut short
+later never passes for a complete checkpoint. Resuming takes the newest checkpoint that verifies and
+says why newer ones were skipped; when checkpoints exist but none verifies it refuses
+(:class:`CheckpointError`) instead of starting over. Older checkpoints are deleted only after a newer
+one has verified. Restoring weights, optimizer moments, every RNG and the data position makes a resumed
+CPU run bitwise identical to an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+MANIFEST = "manifest.json"
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what a checkpoint must hold
+
+
+class CheckpointError(ValueError):
+    """No checkpoint to trust where one was expected; the message names the run dir or the file."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """Why checkpoint folder ``path`` cannot be trusted, or None when every file matches its manifest."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST} (the write did not finish, or an older memorywalker wrote it)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    for name in FILES:
+        if name not in files:
+            return f"{MANIFEST} does not list {name}"
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {want['bytes']}"
+        if _sha256(f) != want["sha256"]:
+            return f"{name} does not match its SHA-256 in the manifest"
+    return None
+
+
+def _step_of(path: Path) -> int | None:
+    try:
+        return int(path.name.removeprefix("step-"))
+    except ValueError:
+        return None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoint folders of ``run_dir``, newest step first (temporary folders excluded)."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step-*") if p.is_dir() and _step_of(p) is not None] if root.is_dir() else []
+    return sorted(found, key=_step_of, reverse=True)
+
+
+def newest_verified(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of ``run_dir`` that verifies, and the newer ones skipped with the reason."""
+    skipped: list[tuple[Path, str]] = []
+    for path in list_checkpoints(run_dir):
+        reason = verify_checkpoint(path)
+        if reason is None:
+            return path, skipped
+        skipped.append((path, reason))
+    return None, skipped
 
 
 def _rng_state() -> dict[str, Any]:
@@ -67,50 +138,81 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+    # The manifest goes last: a folder without it (or with files that disagree) is never trusted.
+    manifest = {"step": step, "files": {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                                        for f in sorted(tmp.iterdir())}}
+    with open(tmp / MANIFEST, "w") as fh:
+        fh.write(json.dumps(manifest, indent=2))
+        fh.flush()
+        os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync_dir(root)
+    reason = verify_checkpoint(final)
+    if reason is not None:  # e.g. a full disk: keep every older checkpoint, stop the run
+        raise CheckpointError(f"checkpoint {final} did not verify after writing: {reason}")
     latest_tmp = root / f".latest-{os.getpid()}"
     latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")
     _fsync_dir(root)
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+    # Only after the new one verified: drop older checkpoints beyond the newest ``keep``. Newer
+    # folders (left by a run that resumed from before them) are not touched here; a later save of
+    # the same step replaces them.
+    older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
+    for old in older[keep - 1:]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.exists():
-        return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.json").exists() else None
+    """The newest checkpoint of ``run_dir`` that verifies against its manifest, or None."""
+    return newest_verified(run_dir)[0]
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore weights, optimizer and RNG from ``path``; return its state dict (step, data position…)."""
+    """Verify ``path``, then restore weights, optimizer and RNG from it; return its state dict (step,
+    data position…). Raises :class:`CheckpointError` naming the checkpoint and the cause."""
     path = Path(path)
+    reason = verify_checkpoint(path)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint {path}: {reason}")
     weights = load_file(str(path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied weights are saved under both names and restored through either one.
     if unexpected or any(k not in weights for k in missing):
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+        raise CheckpointError(f"checkpoint {path} does not match the model: missing={missing} "
+                              f"unexpected={unexpected}")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return json.loads((path / "state.json").read_text())
 
 
-def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-            ) -> dict[str, Any] | None:
-    """The state of the newest checkpoint of ``run_dir`` after loading it (``resume``), or None for a
-    fresh start. A fresh start into a run dir that already holds checkpoints is refused, so a run is
-    never silently mixed with an older one."""
-    path = latest_checkpoint(run_dir)
+def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            *, verbose: bool = True) -> dict[str, Any] | None:
+    """The state of the newest verified checkpoint of ``run_dir`` after loading it (``resume``), or
+    None for a fresh start.
+
+    * Resuming says which checkpoint it took and why newer ones were skipped (on stderr).
+    * Resuming where checkpoints exist but none verifies raises :class:`CheckpointError`: never a
+      silent start from step 0 over a run's history.
+    * A fresh start into a run dir that already holds checkpoints is refused, so a run is never
+      silently mixed with an older one."""
+    path, skipped = newest_verified(run_dir)
     if resume:
+        if path is None and skipped:
+            why = "; ".join(f"{p.name}: {r}" for p, r in skipped)
+            raise CheckpointError(f"{run_dir}: no checkpoint verifies ({why}); refusing to start over "
+                                  "from step 0 - fix or move the checkpoints, or choose another run_dir")
+        if verbose and path is not None:
+            for p, r in skipped:
+                print(f"resume: skipped {p.name}: {r}", file=sys.stderr)
+            print(f"resume: from {path}" + (" (newest that verifies)" if skipped else ""), file=sys.stderr)
         return None if path is None else load_checkpoint(path, model, optimizer)
-    if path is not None:
-        raise FileExistsError(f"{run_dir} already holds checkpoints ({path.name}); "
-                              "pass --resume (resume=true) to continue it, or choose another run_dir")
+    if path is not None or skipped:
+        name = (path or skipped[0][0]).name
+        raise FileExistsError(f"{run_dir} already holds checkpoints ({name}); "
+                              "pass --resume to continue or choose another run_dir")
     return None
 
 

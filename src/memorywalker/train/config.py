@@ -63,6 +63,7 @@ class TrainConfig(RecipeConfig):
     # --- run
     run_dir: str = "runs/run"  # checkpoints/, final/, metrics.jsonl, tensorboard/
     resume: bool = False  # continue from run_dir's newest checkpoint (CLI: --resume)
+    override_config: bool = False  # resume although result-changing fields differ (CLI: --override-config)
     save_every: int = 50  # checkpoint every this many steps (and at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # also write run_dir/tensorboard
@@ -142,7 +143,10 @@ def load_config(cls: type[C], path: str | Path | None, overrides: list[str] | No
     data: dict = {}
     if path is not None:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: TOML syntax error: {e}") from None
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value")

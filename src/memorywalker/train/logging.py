@@ -11,8 +11,10 @@ from typing import Any
 class MetricsLogger:
     """``log(step, metrics)`` appends one JSON line to ``run_dir/metrics.jsonl``.
 
-    Opening in append mode keeps a resumed run's history in one file; lines for steps at or beyond the
-    resume point are dropped first so a killed-and-resumed run does not log a step twice.
+    Opening in append mode keeps a resumed run's history in one file. Lines for steps at or beyond the
+    resume point (``resume_step``; 0 or None = a fresh start) are moved, never deleted, to
+    ``metrics.superseded.jsonl`` first, so a killed-and-resumed run does not log a step twice and no
+    history is lost.
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False, enabled: bool = True,
@@ -23,12 +25,17 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and _step_of(ln) is not None and _step_of(ln) < resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()
+        if self.path.exists():
+            lines = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
+            start = resume_step or 0
+            kept = [ln for ln in lines if (_step_of(ln) is not None and _step_of(ln) < start)]
+            moved = [ln for ln in lines if not (_step_of(ln) is not None and _step_of(ln) < start)]
+            if moved:
+                with open(self.path.with_name("metrics.superseded.jsonl"), "a", encoding="utf-8") as f:
+                    f.write("".join(ln + "\n" for ln in moved))
+                tmp = self.path.with_name(".metrics.jsonl.tmp")
+                tmp.write_text("".join(ln + "\n" for ln in kept))
+                tmp.replace(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -1,0 +1,101 @@
+"""The ``openai`` policy against local servers (issue 15, failure 5): bounded retries with backoff on a
+refused connection, a timeout or a 5xx; the URL in every error; one line from the CLI; no empty output
+file. Old code: a 113-line traceback on a refused connection, 2 min then a TimeoutError without the URL
+on a silent server, no retries, no timeout option, a 0-byte output file."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+from memorywalker.cli.main import app
+from memorywalker.rollout.policies import OpenAIPolicy, PolicyRequest
+
+COMPLETION = {"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [5, 2],
+                           "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.1]}}]}
+
+
+def request() -> PolicyRequest:
+    return PolicyRequest(prompt_ids=[1, 2, 3], messages=[], tools=[], purpose="act", call_index=0, seed=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def flaky_server():
+    """Answers 503 to the first two requests, then a completion; records every request body."""
+    bodies: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            code, payload = (503, b"overloaded") if len(bodies) <= 2 else (200, json.dumps(COMPLETION).encode())
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", bodies
+    server.shutdown()
+
+
+def test_5xx_is_retried_with_backoff_then_succeeds(flaky_server):
+    url, bodies = flaky_server
+    policy = OpenAIPolicy(url, retries=2, backoff=0.05)
+    t0 = time.perf_counter()
+    out = policy(request())
+    assert out.token_ids == [5, 2] and out.logprobs == [-0.5, -0.1]
+    assert len(bodies) == 3 and all(b["prompt"] == [1, 2, 3] for b in bodies)
+    assert time.perf_counter() - t0 >= 0.05 + 0.1  # backoff 0.05 s, then 0.1 s
+
+
+def test_5xx_beyond_the_retries_names_the_url(flaky_server):
+    url, bodies = flaky_server
+    with pytest.raises(ConnectionError, match=rf"^{url}/v1/completions: HTTP 503 .*overloaded \(after 2 attempts\)$"):
+        OpenAIPolicy(url, retries=1, backoff=0.01)(request())
+    assert len(bodies) == 2
+
+
+def test_refused_connection_is_retried_and_names_the_url():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ConnectionError, match=rf"^{url}/v1/completions: .*refused.* \(after 3 attempts\)$"):
+        OpenAIPolicy(url, retries=2, backoff=0.01)(request())
+
+
+def test_a_silent_server_times_out_per_request():
+    """A server that accepts the connection and never answers: each attempt waits ``timeout`` seconds."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel accepts; nobody ever reads or answers
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.perf_counter()
+        with pytest.raises(ConnectionError, match=rf"^{url}/v1/completions: no answer within 0.2 s \(timed out\) \(after 2 attempts\)$"):
+            OpenAIPolicy(url, timeout=0.2, retries=1, backoff=0.01)(request())
+        assert 0.4 <= time.perf_counter() - t0 < 5
+
+
+def test_cli_rollout_against_a_dead_endpoint_is_one_line_and_leaves_no_file(tmp_path, kit):
+    url = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "r.jsonl"
+    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--policy", f"openai:{url}", "--n", "1",
+                                   "--tokenizer", str(kit[0]), "-o", str(out), "--request-timeout", "0.5",
+                                   "--retries", "0", "--no-progress"])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith(f"memorywalker rollout: error: {url}/v1/completions: ")
+    assert not out.exists()

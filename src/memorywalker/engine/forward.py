@@ -79,11 +79,13 @@ def forward_layout(model, layout: Layout, labels: torch.Tensor, method: Method, 
     ``backend`` is the attention backend of the ``mask`` schedule (default: the model's)."""
     device = model_device(model)
     labels = labels.to(device)
+    if method.schedule == "mask":
+        backend = backend or backend_of(model)
     for buf in layout.buffers:
         rows = torch.from_numpy(buf.target_row).to(device)
         if method.schedule == "mask" and len(buf) <= max_tokens:
-            lp, kl = forward_masked(model, buf, labels[rows], backend or backend_of(model))
-            yield BufferOutput(buf, lp, kl, 1, pad_length(len(buf), (backend or backend_of(model)).multiple))
-        else:
+            lp, kl = forward_masked(model, buf, labels[rows], backend)
+            yield BufferOutput(buf, lp, kl, 1, pad_length(len(buf), backend.multiple))
+        else:  # the radix schedule; for "mask", a tree longer than max_tokens (never one dense buffer)
             lp, kl, stats = forward_radix(model, buf, labels[rows], max_tokens)
             yield BufferOutput(buf, lp, kl, stats["forwards"], stats["tokens"])

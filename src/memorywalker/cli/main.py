@@ -27,6 +27,7 @@ from memorywalker.cli import (  # noqa: E402
     records_cmd,
     rollout_cmd,
     train_cmd,
+    view_cmd,
 )
 
 bench_cmd.register(app)
@@ -37,6 +38,7 @@ methods_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
 train_cmd.register(app)
+view_cmd.register(app)
 
 
 @app.callback()

@@ -39,6 +39,8 @@ def gap(
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     rejects: Path | None = typer.Option(None, help="Write rejected lines with their reasons here (JSONL)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    per_token: bool = typer.Option(False, "--per-token", help="With --json: add every target's logprob per "
+                                   "method under \"tokens\" (what `memorywalker view --gap` draws)."),
 ):
     """Per method: logprob_abs_diff, k3_kl, chi2_token, log_ppl_abs_diff and logit drift against the
     recorded rollout logprobs, overall, by evictions before the call (0, 1, 2, 3+), eviction-heavy
@@ -59,9 +61,15 @@ def gap(
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
     reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok))
     trajs = [t for t in reader if any(c.rollout_logprobs is not None for c in t.calls)]
-    report = gap_report(lm, Renderer(tok), trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty())
+    if per_token and not as_json:
+        raise typer.BadParameter("--per-token needs --json")
+    tokens: dict | None = {} if per_token else None
+    report = gap_report(lm, Renderer(tok), trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty(),
+                        tokens=tokens)
     out = {"model": str(model), "data": str(data), "read": reader.summary.as_dict(),
            "trajectories_with_logprobs": len(trajs), "methods": report}
+    if tokens is not None:
+        out["tokens"] = tokens
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return

@@ -66,7 +66,7 @@ def import_logs(
     for reason, n in c["dropped_by_reason"].items():
         table.add_row(f"dropped (file/trajectory): {reason}", str(n))
     for reason, n in c["warnings_by_reason"].items():
-        table.add_row(f"kept, context cut: {reason}", str(n))
+        table.add_row(f"kept with a warning: {reason}", str(n))
     for kind, n in c["skipped_by_kind"].items():
         table.add_row(f"skipped: {kind}", str(n))
     Console().print(table)

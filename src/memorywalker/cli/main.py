@@ -21,22 +21,26 @@ app = typer.Typer(
 from memorywalker.cli import (  # noqa: E402
     bench_cmd,
     demo_cmd,
+    export_cmd,
     gap_cmd,
     import_cmd,
     methods_cmd,
     records_cmd,
     rollout_cmd,
     train_cmd,
+    view_cmd,
 )
 
 bench_cmd.register(app)
 demo_cmd.register(app)
+export_cmd.register(app)
 gap_cmd.register(app)
 import_cmd.register(app)
 methods_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
 train_cmd.register(app)
+view_cmd.register(app)
 
 
 @app.callback()

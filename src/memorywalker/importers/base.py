@@ -30,6 +30,8 @@ IMPORT_REASONS: dict[str, str] = {
     "parent_cycle": "a record's parent links loop: the context behind it is cut where the loop closes",
     "orphan_tool_result": "a tool result answers no tool call of its context; it was left out",
     "no_calls": "the input holds no model call",
+    # A warning (kept): a subagent transcript imported without its session file.
+    "orphan_subagent": "a subagent transcript whose session file is absent; imported on its own, not linked to its spawning call",
     # A built trajectory failed check_trajectory: the reason is "invalid_trajectory:<code>".
     "invalid_trajectory": "the reconstructed trajectory violates schema v1",
 }
@@ -101,9 +103,9 @@ class ImportResult:
             # kept with a warning (a cut context). Each list adds up on its own.
             "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects
                                                      if r.line is not None and not r.kept).items())),
-            "dropped_by_reason": dict(sorted(Counter(r.reason for r in self.rejects if r.line is None).items())),
-            "warnings_by_reason": dict(sorted(Counter(r.reason for r in self.rejects
-                                                      if r.line is not None and r.kept).items())),
+            "dropped_by_reason": dict(sorted(Counter(r.reason for r in self.rejects
+                                                     if r.line is None and not r.kept).items())),
+            "warnings_by_reason": dict(sorted(Counter(r.reason for r in self.rejects if r.kept).items())),
             "skipped_by_kind": dict(sorted(self.skipped.items())),
             "notes": dict(sorted(self.notes.items())),
         }

@@ -109,9 +109,55 @@ def group_key(obj: dict) -> str:
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
     for path in paths:
-        files = sorted(p for p in path.glob("*.jsonl")) if path.is_dir() else [path]
+        if path.is_dir():
+            files = sorted(path.glob("*.jsonl"))
+            # Subagent transcripts whose session file is not there are imported on their own.
+            orphans = sorted(f for f in path.glob("*/subagents/agent-*.jsonl")
+                             if not (path / f"{f.parent.parent.name}.jsonl").exists())
+            if path.name == "subagents":
+                files, orphans = [], sorted(path.glob("agent-*.jsonl"))
+        else:
+            files, orphans = ([], [path]) if path.parent.name == "subagents" else ([path], [])
         for f in files:
             result.add(import_session(f))
+        for f in orphans:
+            result.add(import_orphan_subagent(f))
+    return result
+
+
+def import_orphan_subagent(path: Path) -> ImportResult:
+    """A ``<session>/subagents/agent-<id>.jsonl`` imported without its session file, with a warning.
+
+    A Task subagent's chain starts at its own prompt, so its calls are complete; only the link to the
+    spawning call is unknown (``lineage.parent`` names the session, ``parent_call`` is None). A
+    compaction's summarization call (``agent-acompact-*``) is rejected: its context is the session's
+    pre-compaction chain, which is in the missing file.
+    """
+    result = ImportResult()
+    index = _Index()
+    session_id = path.parent.parent.name
+    session_file = path.parent.parent.with_suffix(".jsonl")
+    why = "is not in the input" if session_file.exists() else "does not exist"
+    recs, _ = _read_file(path, index, result, 0)
+    if path.name.startswith("agent-acompact"):
+        result.reject(path, None, "missing_parent", f"{path.name}: a compaction's summarization call; its "
+                      f"context is in the session file {session_file.name}, which {why}")
+        return result
+    _resolve_compactions(recs, index, result)
+    for rec in recs:
+        if rec.parent and rec.parent not in index.by_uuid:
+            index.missing.add(rec.uuid)
+            result.reject(path, rec.line, "missing_parent",
+                          f"line {rec.line}: parentUuid {rec.parent!r} is not in the input; the context behind it is cut",
+                          kept=True)
+    agent_id = path.stem.removeprefix("agent-")
+    sub = _Trajectory(f"{session_id}/agent-{agent_id}", path, index, result, lineage=Lineage(
+        parent=session_id, relation="subagent", source=FORMAT, source_path=str(path)))
+    sub.add_calls(recs)
+    if sub.finish() is not None:
+        result.reject(path, None, "orphan_subagent", f"{path.name}: imported on its own; the session file "
+                      f"{session_file.name} {why}, so the call that spawned it is unknown", kept=True)
+        result.notes["subagents_orphan"] += 1
     return result
 
 
@@ -125,52 +171,7 @@ def import_session(path: Path) -> ImportResult:
     sub_files = sorted(sub_dir.glob("*.jsonl")) if sub_dir.is_dir() else []
     per_file: dict[Path, list[_Rec]] = {}
     for f in [path, *sub_files]:
-        recs = []
-        for line, obj in read_jsonl(f, result):
-            kind = obj.get("type")
-            if kind in _CONVERSATION or kind in ("system", "attachment"):
-                if kind in _CONVERSATION and not isinstance(obj.get("message"), dict):
-                    result.reject(f, line, "missing_field", f"line {line}: {kind} record without a message")
-                    continue
-                if kind == "attachment" and not isinstance(obj.get("attachment"), dict):
-                    result.reject(f, line, "missing_field", f"line {line}: attachment record without an attachment")
-                    continue
-                if obj.get("uuid") and obj["uuid"] in index.by_uuid:
-                    # A record written again (partial compaction re-writes the preserved messages):
-                    # the first copy holds the original parent, order and timestamp.
-                    result.skipped["duplicate_uuid"] += 1
-                    continue
-                rec = _Rec(obj, f, line, order)
-                order += 1
-                index.add(rec)
-                recs.append(rec)
-                if kind == "system" and obj.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
-                    result.skipped[f"system:{obj.get('subtype')}"] += 1
-                elif kind == "attachment":
-                    a_kind = obj["attachment"].get("type")
-                    sent = attachments.render(obj["attachment"])
-                    if sent is None:
-                        result.reject(f, line, "unknown_record_type",
-                                      f"line {line}: attachment type {a_kind!r}: what Claude Code sends for it is not known")
-                    elif not sent:
-                        result.skipped[f"attachment:{a_kind}"] += 1
-                    else:
-                        result.imported += 1
-                else:
-                    result.imported += 1
-                    if obj.get("subtype") == "microcompact_boundary" and obj.get("uuid"):
-                        index.microcompacts[obj["uuid"]] = rec
-            elif kind in _NOT_SENT:
-                result.skipped[kind] += 1
-                if obj.get("uuid"):  # still a link of the parentUuid chain
-                    index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
-                    order += 1
-            else:
-                result.reject(f, line, "unknown_record_type", f"line {line}: record type {kind!r}")
-                if obj.get("uuid"):
-                    index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
-                    order += 1
-        per_file[f] = recs
+        per_file[f], order = _read_file(f, index, result, order)
     main = per_file.get(path, [])
     for recs in per_file.values():
         _resolve_compactions(recs, index, result)
@@ -223,6 +224,56 @@ def import_session(path: Path) -> ImportResult:
         sub.finish()
         result.notes["sidechain_subagents"] += 1
     return result
+
+
+def _read_file(f: Path, index: _Index, result: ImportResult, order: int) -> tuple[list[_Rec], int]:
+    """The conversation records of one file, indexed; returns them and the next global order."""
+    recs = []
+    for line, obj in read_jsonl(f, result):
+        kind = obj.get("type")
+        if kind in _CONVERSATION or kind in ("system", "attachment"):
+            if kind in _CONVERSATION and not isinstance(obj.get("message"), dict):
+                result.reject(f, line, "missing_field", f"line {line}: {kind} record without a message")
+                continue
+            if kind == "attachment" and not isinstance(obj.get("attachment"), dict):
+                result.reject(f, line, "missing_field", f"line {line}: attachment record without an attachment")
+                continue
+            if obj.get("uuid") and obj["uuid"] in index.by_uuid:
+                # A record written again (partial compaction re-writes the preserved messages):
+                # the first copy holds the original parent, order and timestamp.
+                result.skipped["duplicate_uuid"] += 1
+                continue
+            rec = _Rec(obj, f, line, order)
+            order += 1
+            index.add(rec)
+            recs.append(rec)
+            if kind == "system" and obj.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
+                result.skipped[f"system:{obj.get('subtype')}"] += 1
+            elif kind == "attachment":
+                a_kind = obj["attachment"].get("type")
+                sent = attachments.render(obj["attachment"])
+                if sent is None:
+                    result.reject(f, line, "unknown_record_type",
+                                  f"line {line}: attachment type {a_kind!r}: what Claude Code sends for it is not known")
+                elif not sent:
+                    result.skipped[f"attachment:{a_kind}"] += 1
+                else:
+                    result.imported += 1
+            else:
+                result.imported += 1
+                if obj.get("subtype") == "microcompact_boundary" and obj.get("uuid"):
+                    index.microcompacts[obj["uuid"]] = rec
+        elif kind in _NOT_SENT:
+            result.skipped[kind] += 1
+            if obj.get("uuid"):  # still a link of the parentUuid chain
+                index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
+                order += 1
+        else:
+            result.reject(f, line, "unknown_record_type", f"line {line}: record type {kind!r}")
+            if obj.get("uuid"):
+                index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
+                order += 1
+    return recs, order
 
 
 def _resolve_compactions(recs: list[_Rec], index: _Index, result: ImportResult) -> None:

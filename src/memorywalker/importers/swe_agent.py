@@ -9,13 +9,28 @@ assistant message the step appended. Identical messages share ids, so the tree f
 contexts alone; where a context stops extending the previous sequence (e.g. an old observation
 replaced by "Old environment output: (N lines omitted)") an inferred ``placeholder`` eviction is
 recorded.
+
+**Older format** (steps hold ``action``/``observation``/``response``/``thought`` and no ``query`` or
+``messages``; the top-level ``history`` is the message list): calls are reconstructed from
+``history``. Each assistant entry of the main agent is a call; its context is the history before it,
+passed through the run's history processors (read from the run's config beside the file:
+``<name>.args.yaml`` or ``args.yaml``; ``default`` and ``last_n_observations`` are known, any other
+rejects the file), reduced to ``role`` and ``content`` as the model API received them. Such
+trajectories are marked ``meta.reconstructed = "history"``: black-box contexts, not a recorded input.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from memorywalker.importers.base import ContentTable, ImportOptions, ImportResult, infer_evictions, read_json
+from memorywalker.importers.base import (
+    ContentTable,
+    ImportOptions,
+    ImportResult,
+    content_text,
+    infer_evictions,
+    read_json,
+)
 from memorywalker.importers.openai_chat import to_fields
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
@@ -57,6 +72,10 @@ def import_file(path: Path, result: ImportResult) -> None:
         result.read += 1
         result.reject(path, None, "bad_format", f"{path.name}: no 'trajectory' list")
         return
+    if steps and isinstance(data.get("history"), list) and all(
+            isinstance(s, dict) and "query" not in s and "messages" not in s for s in steps):
+        import_history(path, data, result)
+        return
     info = data.get("info") or {}
     b = TrajectoryBuilder(path.stem, task=Task(id=path.stem.split("__function")[0]),
                           lineage=Lineage(source=FORMAT, source_path=str(path)),
@@ -83,6 +102,120 @@ def import_file(path: Path, result: ImportResult) -> None:
         b.call(context, rid, finish_reason="tool_calls" if resp.get("tool_calls") else "stop",
                meta={"step": i})
         result.imported += 1
+    elided = {m.id for m in b.messages if m.content.startswith("Old environment output")}
+    for m in b.messages:
+        if m.id in elided:
+            m.author = "harness"
+    infer_evictions(b, "placeholder", elided)
+    result.finish(b, path)
+
+
+# --- older format: calls reconstructed from ``history`` ---------------------------------------------
+
+def run_config(path: Path) -> tuple[dict | None, Path | None]:
+    """The run's config (``args.yaml``) beside a ``.traj`` file, if there is one."""
+    import yaml
+
+    for cfg in (path.with_name(path.stem + ".args.yaml"), path.parent / "args.yaml"):
+        if cfg.is_file():
+            return yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}, cfg
+    return None, None
+
+
+def history_processors(config: dict | None) -> list[dict]:
+    """The processors a config states, each as ``{"type": ..., **args}`` (none when there is no config)."""
+    if not config:
+        return []
+    agent = config.get("agent") or {}
+    raw = (agent.get("config") or {}).get("history_processors", agent.get("history_processors")) or []
+    out = []
+    for p in raw:
+        p = {"type": p} if isinstance(p, str) else dict(p)
+        p["type"] = {"DefaultHistoryProcessor": "default", "LastNObservations": "last_n_observations"}.get(p["type"], p["type"])
+        out.append(p)
+    return out
+
+
+def last_n_observations(history: list[dict], n: int, polling: int = 1,
+                        remove_tags: frozenset = frozenset({"remove_output"}),
+                        keep_tags: frozenset = frozenset({"keep_output"})) -> list[dict]:
+    """SWE-agent's ``LastNObservations``: elide every observation but the first (the instance
+    template) and the last ``n`` (counted in steps of ``polling``).
+
+    >>> h = [{"role": "user", "content": f"obs {i}\\nline"} for i in range(4)]
+    >>> [m["content"] for m in last_n_observations(h, 1)]
+    ['obs 0\\nline', 'Old environment output: (2 lines omitted)', 'Old environment output: (2 lines omitted)', 'obs 3\\nline']
+    """
+    if n <= 0:
+        raise ValueError("last_n_observations: n must be a positive integer")
+    obs = [i for i, m in enumerate(history)
+           if (m.get("message_type") == "observation" if "message_type" in m else m.get("role") == "user")
+           and not m.get("is_demo")]
+    omit = set(obs[1:max(0, (len(obs) // polling) * polling - n)])
+    out = []
+    for i, m in enumerate(history):
+        tags = set(m.get("tags") or [])
+        if (i not in omit or tags & keep_tags) and not tags & remove_tags:
+            out.append(m)
+        else:
+            text = content_text(m.get("content"))
+            out.append({**m, "content": f"Old environment output: ({len(text.splitlines())} lines omitted)"})
+    return out
+
+
+def apply_processors(history: list[dict], processors: list[dict]) -> list[dict]:
+    for p in processors:
+        if p["type"] == "default":
+            continue
+        if p["type"] == "last_n_observations":
+            history = last_n_observations(history, int(p["n"]), int(p.get("polling", 1)),
+                                          frozenset(p.get("always_remove_output_for_tags", {"remove_output"})),
+                                          frozenset(p.get("always_keep_output_for_tags", {"keep_output"})))
+            continue
+        raise ValueError(f"history processor {p['type']!r} is not known")
+    return history
+
+
+def import_history(path: Path, data: dict, result: ImportResult) -> None:
+    """An older-format trajectory: one call per assistant entry of the main agent's ``history``."""
+    steps, history = data["trajectory"], data["history"]
+    result.read += len(steps)
+    config, config_path = run_config(path)
+    processors = history_processors(config)
+    agents = [m.get("agent") for m in history if isinstance(m, dict)]
+    main = "primary" if "primary" in agents else max(set(agents), key=agents.count, default=None)
+    entries = [m for m in history if isinstance(m, dict) and m.get("agent", main) == main]
+    bad = next((i for i, m in enumerate(entries) if m.get("role") not in ("system", "user", "assistant")
+                or not isinstance(m.get("content", ""), str | list)), None)
+    if bad is not None:
+        result.reject(path, None, "bad_format", f"{path.name}: history entry {bad} has no role/content")
+        return
+    assistant = [i for i, m in enumerate(entries) if m["role"] == "assistant"]
+    info = data.get("info") or {}
+    meta = {"reconstructed": "history", "history_processors": [p["type"] for p in processors]}
+    if config_path is None:
+        meta["history_processors"] = "unknown: no args.yaml beside the file"
+    if info.get("exit_status"):
+        meta["exit_status"] = info["exit_status"]
+    b = TrajectoryBuilder(path.stem, task=Task(id=path.stem.split("__")[0]),
+                          lineage=Lineage(source=FORMAT, source_path=str(path)), meta=meta)
+    table = ContentTable(b)
+    try:
+        for k, i in enumerate(assistant):
+            sent = [{"role": m["role"], "content": content_text(m.get("content"))}
+                    for m in apply_processors(entries[:i], processors)]
+            response = {"role": "assistant", "content": content_text(entries[i].get("content"))}
+            ids = table.context([*sent, response])
+            b.call(ids[:-1], ids[-1], meta={"step": k})
+    except (ValueError, KeyError, TypeError) as e:
+        result.reject(path, None, "bad_format", f"{path.name}: {e} ({config_path})")
+        return
+    if len(assistant) == len(steps):
+        result.imported += len(steps)
+    else:  # history and steps disagree: the steps are still counted, as unusable
+        result.imported += min(len(steps), len(assistant))
+        for j in range(len(assistant), len(steps)):
+            result.reject(path, j, "missing_field", f"step {j} has no assistant entry in 'history'")
     elided = {m.id for m in b.messages if m.content.startswith("Old environment output")}
     for m in b.messages:
         if m.id in elided:

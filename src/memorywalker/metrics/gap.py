@@ -109,13 +109,43 @@ def _summarize(logp: torch.Tensor, rollout: torch.Tensor, call: torch.Tensor, tv
     return out
 
 
+def _nan_to_none(x: np.ndarray) -> list[float | None]:
+    return [None if v != v else float(v) for v in x.tolist()]
+
+
+def _per_call_rows(batch: Batch, tokens: dict | None, trajectory_id: str) -> dict | None:
+    """The per-call offset/rollout columns of one single-tree batch, registered in ``tokens``."""
+    if tokens is None:
+        return None
+    tg, tree = batch.targets, batch.trees[0]
+    offset = tree.depth[tg.position]  # a target's index inside S_t is its depth in the tree
+    out = tokens.setdefault(trajectory_id, {})
+    for c in np.unique(tg.call):
+        rows = tg.call == c
+        out[batch.calls[c].call_id] = {"offset": offset[rows].tolist(),
+                                       "rollout": _nan_to_none(tg.rollout_logprob[rows]), "logprob": {}}
+    return out
+
+
+def _fill_per_call(per_call: dict | None, batch: Batch, method: str, logp: torch.Tensor) -> None:
+    if per_call is None:
+        return
+    lp = logp.numpy()
+    for c in np.unique(batch.targets.call):
+        per_call[batch.calls[c].call_id]["logprob"][method] = _nan_to_none(lp[batch.targets.call == c])
+
+
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
-               drift: bool = True, progress: bool = False) -> dict:
+               drift: bool = True, progress: bool = False, tokens: dict | None = None) -> dict:
     """Gap metrics of each method on ``trajectories`` (each its own tree), overall and by evictions.
 
     Returns ``{method: {"overall", "heavy", "floor", "by_evictions": {"0", "1", "2", "3+"}}}``, each a
     dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``, ``log_ppl_abs_diff``,
     ``logit_drift`` (None where there is nothing to compare).
+
+    When ``tokens`` is a dict it is filled with the per-target values (what ``memorywalker view`` draws):
+    ``tokens[trajectory_id][call_id] = {"offset": [index of the target in S_t], "rollout": [...],
+    "logprob": {method: [...]}}``, None where a value is absent (a lost target, no recorded logprob).
     """
     model.eval()
     full_view = needs_full_view(methods)
@@ -140,9 +170,11 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
         ref_logits = None
         if drift:
             _, ref_logits = method_outputs(model, batch, "per-call", with_logits=True)
+        per_call = _per_call_rows(batch, tokens, trajectories[i].id)
         for m in methods:
             lp, lg = method_outputs(model, batch, m, with_logits=drift)
             per_method[m]["logp"].append(lp.cpu())
+            _fill_per_call(per_call, batch, m, lp.cpu())
             if drift and lg is not None and ref_logits is not None:
                 per_method[m]["tv"].append(_tv(lg, ref_logits).cpu())
             elif drift:

@@ -152,3 +152,39 @@ def test_lora_changes_only_the_adapter_resumes_exactly_and_merges(recipe, kit, t
         next(other.parameters()).view(-1)[0] += 1.0
     with pytest.raises(ValueError, match="was trained on base"):
         load_adapter(other, full.final_dir)
+
+
+@pytest.mark.parametrize("method", ["per-call", "logit-tree", "radix", "tree-mask"])
+def test_every_exact_method_runs_on_a_lora_model(kit, renderer, method):
+    """The engine on ``engine_model(peft_model)`` gives the adapted model's plain per-call logprobs
+    (1e-5) and gradients (1e-4 relative), and only adapter parameters get a gradient."""
+    from engine_cases import grads, max_rel_grad_diff, one_thread
+    from memorywalker.engine import EngineConfig, run
+    from memorywalker.layout import Batch
+    from memorywalker.train.adapter import apply_adapter, engine_model
+    from memorywalker.train.config import AdapterConfig
+
+    torch.manual_seed(0)
+    model = apply_adapter(load_plain(kit[1]), AdapterConfig(kind="lora", rank=4))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)  # a non-zero update, so the adapter matters
+    groups = [[renderer.render(t) for t in synthetic_group(SyntheticSpec(turns=3, evictions=1, words=5), "lm", 2)]]
+    with one_thread():
+        model.zero_grad(set_to_none=True)
+        ref = []
+        for rt in groups[0]:
+            for rc in rt.calls:
+                if rc.targets:
+                    logp = torch.log_softmax(model(input_ids=torch.tensor([rc.tokens])).logits[0].float(), -1)
+                    idx = torch.tensor(rc.targets)
+                    ref.append(logp[idx - 1, torch.tensor(rc.tokens)[idx]])
+        ref = torch.cat(ref)
+        (-ref.sum() / len(ref)).backward()
+        want = grads(model)
+        model.zero_grad(set_to_none=True)
+        res = run(engine_model(model), Batch.from_groups(groups), EngineConfig(method=method, attention="sdpa"))
+    assert (res.logprobs - ref.detach()).abs().max().item() <= 1e-5
+    assert max_rel_grad_diff(grads(model), want) <= 1e-4
+    assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)

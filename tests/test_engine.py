@@ -120,7 +120,7 @@ def test_unknown_names_list_the_valid_ones(kit, renderer):
     with pytest.raises(ValueError, match=r"unknown attention backend 'flash'.*eager.*flex.*sdpa"):
         run(model, batch, EngineConfig(method="tree-mask", attention="flash"))
     assert set(METHODS) == {"per-call", "logit-tree", "radix", "tree-mask", "dfs", "rightmost", "sdcc"}
-    assert set(OBJECTIVES) == {"nll", "ppo", "grpo"}
+    assert set(OBJECTIVES) == {"nll", "ppo", "grpo", "weighted"}
 
 
 def test_eval_mode_leaves_no_gradient(kit, renderer):

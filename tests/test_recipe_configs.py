@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from memorywalker.recipes.dpo import DPOConfig
 from memorywalker.recipes.rl import RLConfig
 from memorywalker.recipes.sft import SFTConfig
 from memorywalker.train.config import ConfigError, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
-CLASSES = {"sft": SFTConfig, "rl": RLConfig}
+CLASSES = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
 
 
 def test_configs_are_shipped():
-    assert {p.name for p in CONFIGS} >= {"sft_tiny.toml", "rl_tiny.toml"}
+    assert {p.name for p in CONFIGS} >= {"sft_tiny.toml", "rl_tiny.toml", "dpo_tiny.toml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

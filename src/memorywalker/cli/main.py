@@ -24,6 +24,7 @@ from memorywalker.cli import (  # noqa: E402
     export_cmd,
     gap_cmd,
     import_cmd,
+    inventory_cmd,
     methods_cmd,
     records_cmd,
     rollout_cmd,
@@ -36,6 +37,7 @@ demo_cmd.register(app)
 export_cmd.register(app)
 gap_cmd.register(app)
 import_cmd.register(app)
+inventory_cmd.register(app)
 methods_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)

@@ -1,4 +1,4 @@
-"""``memorywalker sft`` and ``memorywalker rl``: run a training recipe from a config file.
+"""``memorywalker sft``, ``rl`` and ``dpo``: run a training recipe from a config file.
 
     memorywalker sft --config configs/sft_tiny.toml --method tree-mask steps=20 lr=3e-3
     memorywalker rl --config configs/rl_tiny.toml --method sdcc --resume
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import typer
 
-RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalker.recipes.rl", "RLConfig")}
+RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalker.recipes.rl", "RLConfig"),
+           "dpo": ("memorywalker.recipes.dpo", "DPOConfig")}
 HELP = {
     "sft": "Supervised fine-tuning on recorded episodes (masked NLL), with any registered method.",
     "rl": "GRPO with PPO-clip ratios against the rollout logprobs, on episodes collected under compression.",
+    "dpo": "Trajectory DPO on preference pairs that branch from an identical context, exact on each pair's tree.",
 }
 
 
@@ -49,7 +51,7 @@ def _command(recipe: str):
         cfg = load_config(getattr(module, cls_name), config, extra)  # a ConfigError is one line, exit 2
         result = module.train(cfg, progress=progress)
         last = result.metrics[-1] if result.metrics else {}
-        summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "reward_mean") if k in last)
+        summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "reward_mean", "margin") if k in last)
         typer.echo(f"{recipe}: {result.steps} steps{'; last ' + summary if summary else ''}; "
                    f"model: {result.final_dir}")
 

@@ -26,7 +26,8 @@ API::
 Methods: one :class:`Method` each in the registry :data:`METHODS` (``engine/methods.py``: layout,
 forward schedule, backward schedule, KL term, exactness). Objectives (:data:`OBJECTIVES`): ``nll``, ``ppo`` (PPO-clip on the targets' advantages,
 ratio against ``batch.old_logprob``, else the rollout logprobs, else on-policy), ``grpo`` (PPO-clip with
-group-relative advantages from trajectory rewards; a tree = a group). Unknown names raise with the valid
+group-relative advantages from trajectory rewards; a tree = a group), ``weighted`` (−c·log p with c the
+targets' advantage column: how the DPO recipe trains a sequence-level loss, c = −dL/dΣlog p). Unknown names raise with the valid
 ones. Methods on the ``mask`` schedule (``tree-mask``) run under ``cfg.attention`` = ``sdpa`` | ``eager``
 | ``flex`` (None: the model's current implementation); the ``radix`` schedule uses its own attention
 kernel (``attention/prefix.py``) and builds no mask.

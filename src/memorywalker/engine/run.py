@@ -13,7 +13,14 @@ from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.engine.methods import get_method
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
-from memorywalker.objectives.losses import behaviour_logprob, forward_kl, grpo_advantages, nll, ppo_clip
+from memorywalker.objectives.losses import (
+    behaviour_logprob,
+    forward_kl,
+    grpo_advantages,
+    nll,
+    ppo_clip,
+    weighted_logprob,
+)
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
 
@@ -80,6 +87,10 @@ def _ppo(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
                     rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
 
 
+def _weighted(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
+    return weighted_logprob(logprob, cols.advantage), {}
+
+
 def _batch_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
     return batch.targets.advantage
 
@@ -102,6 +113,8 @@ OBJECTIVES: dict[str, Objective] = {
     "nll": Objective(_nll),  # SFT: masked negative log-likelihood
     "ppo": Objective(_ppo),  # PPO-clip with the advantages on the targets table
     "grpo": Objective(_ppo, _grpo_advantage),  # PPO-clip with group-relative advantages from rewards
+    # −c_i·log p_i with c = the targets' advantage column: sequence-level losses (DPO) set c = −dL/dΣlogp
+    "weighted": Objective(_weighted),
 }
 
 

@@ -15,6 +15,12 @@ def nll(logprob: torch.Tensor) -> torch.Tensor:
     return -logprob  # ℓ_i = −log p(y_i | context_i)
 
 
+def weighted_logprob(logprob: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
+    """``ℓ_i = −c_i · log p_i`` per target [N]: its gradient is ``−c_i`` times that of the logprob. A
+    sequence-level loss L(Σ logp) trains through it with ``c_i = −dL/d(Σ logp)`` (the DPO recipe)."""
+    return -coefficient * logprob  # ℓ_i = −c_i log p_i
+
+
 def behaviour_logprob(logprob: torch.Tensor, old_logprob: torch.Tensor | None,
                       rollout_logprob: torch.Tensor | None) -> torch.Tensor:
     """The logprob the importance ratio is taken against, per target [N]: the old policy's where

@@ -44,11 +44,20 @@ from memorywalker.records.schema import Task, Trajectory
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
 from memorywalker.rollout.harness import call_seed
+from memorywalker.train.adapter import (
+    apply_adapter,
+    engine_model,
+    is_adapted,
+    trainable_parameters,
+    write_adapter_manifest,
+)
 from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
 from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
 from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
+from memorywalker.train.refcache import weights_hash
 from memorywalker.train.rundir import check_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
@@ -131,7 +140,9 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+    base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
+    model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
@@ -143,7 +154,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     harness = HarnessConfig(cfg.harness, budget=cfg.budget, watermark=cfg.watermark,
                             keep_recent=cfg.keep_recent, max_steps=cfg.max_turns,
                             max_context=cfg.max_context)
-    policy = HFPolicy.from_model(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    policy = HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
@@ -154,6 +165,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []
+    collected: list[dict] = []  # episodes this process rolled out (ids go to the training manifest)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"rl {cfg.method}", unit="step",
                disable=not (progress and info.is_main))
     for step in range(start, cfg.steps):
@@ -184,7 +196,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         first = None
         for epoch in range(cfg.ppo_epochs):
             dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-            results = [run(model, mb, engine, denominators=dens) for mb in micro]
+            results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
             lr = warmup_lr(cfg.lr, step * cfg.ppo_epochs + epoch, cfg.warmup_steps)
             grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
             epoch_metrics = reduce_step_metrics([r.metrics for r in results])
@@ -192,6 +204,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         metrics = {**first, "loss_last_epoch": epoch_metrics["loss"], "lr": lr}
 
         rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]
+        collected += rows
         rewards = [r["reward"] for r in rows]
         metrics.update(
             reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
@@ -217,13 +230,20 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
 
     # --- final model ------------------------------------------------------------------------------------
     if info.is_main:
-        save_final(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps})
+        final = save_final(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps})
+        if is_adapted(model):
+            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
+                                   tokenizer=tokenizer, dtype=cfg.dtype)
+        write_training_manifest(run_dir, recipe="rl", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
+                                records=[{"id": r["id"], "split": cfg.split, "parent": None} for r in collected],
+                                target_rule={"truncated": cfg.truncated, "selected": "act calls' responses"},
+                                extra={"env": cfg.env, "suite": cfg.suite, "harness": cfg.harness})
     barrier()
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 
 
 def _episode_row(traj: Trajectory) -> dict:
-    return {"reward": float(traj.reward or 0.0), "evictions": len(traj.evictions), "calls": len(traj.calls),
+    return {"id": traj.id, "reward": float(traj.reward or 0.0), "evictions": len(traj.evictions), "calls": len(traj.calls),
             "response_tokens": sum(len(c.response_tokens or []) for c in traj.calls)}
 
 

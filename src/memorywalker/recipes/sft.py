@@ -30,11 +30,20 @@ from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denom
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer, RenderOptions
+from memorywalker.train.adapter import (
+    apply_adapter,
+    engine_model,
+    is_adapted,
+    trainable_parameters,
+    write_adapter_manifest,
+)
 from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
 from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.manifest import record_rows, write_training_manifest
 from memorywalker.train.model import load_model
+from memorywalker.train.refcache import weights_hash
 from memorywalker.train.rundir import check_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
@@ -97,7 +106,9 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+    base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
+    model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start = state["step"] if state else 0
@@ -130,7 +141,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         micro = [Batch.from_groups([[data[i]] for i in mb])  # one tree per trajectory
                  for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-        results = [run(model, mb, engine, denominators=dens) for mb in micro]
+        results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
         lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
 
@@ -153,7 +164,13 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
 
     # --- final model ------------------------------------------------------------------------------------
     if info.is_main:
-        save_final(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps})
+        final = save_final(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps})
+        if is_adapted(model):
+            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
+                                   tokenizer=tokenizer, dtype=cfg.dtype, data=[cfg.data] if cfg.data else [])
+        write_training_manifest(run_dir, recipe="sft", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
+                                inputs=[cfg.data] if cfg.data else [], records=record_rows(trajectories),
+                                target_rule={"truncated": cfg.truncated, "selected": "selected calls' responses"})
     barrier()
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 

@@ -36,6 +36,31 @@ class RecipeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
 
+class AdapterConfig(RecipeConfig):
+    """``adapter.*``: train a LoRA adapter through PEFT instead of the full weights (Hu et al. 2021,
+    https://arxiv.org/abs/2106.09685). ``kind="none"`` (the default) trains every weight."""
+
+    kind: str = "none"  # none | lora
+    rank: int = 16  # r: rank of the update B·A
+    alpha: float = 32.0  # scaling α / r of the update
+    target_modules: list[str] = ["q_proj", "v_proj"]  # module names (suffixes) that get an adapter
+    dropout: float = 0.0  # dropout on the adapter's input (0: the trainer and the sampler see one function)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in ("none", "lora"):
+            raise ValueError(f"unknown adapter kind {v!r}; valid: none, lora")
+        return v
+
+    @field_validator("rank")
+    @classmethod
+    def _rank(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+
 class TrainConfig(RecipeConfig):
     """Fields every training recipe has (model, engine, optimizer, checkpoints); recipes add their own."""
 
@@ -67,6 +92,8 @@ class TrainConfig(RecipeConfig):
     save_every: int = 50  # checkpoint every this many steps (and at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # also write run_dir/tensorboard
+    # --- adapter
+    adapter: AdapterConfig = AdapterConfig()  # adapter.kind=lora: LoRA through PEFT (docs/recipes.md)
 
     @field_validator("method")
     @classmethod

@@ -19,13 +19,29 @@ def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
 
 
 def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.device):
-    """``(model, tokenizer)`` from local dirs only (nothing is downloaded)."""
+    """``(model, tokenizer)`` from local dirs only (nothing is downloaded). An adapter dir (one written
+    with ``adapter.kind=lora``) loads its base, checks the base hash its manifest pins, and merges
+    the adapter into the weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir, tok_dir = resolve_dirs(model, tokenizer)
+    if (model_dir / "adapter_config.json").is_file():
+        return _load_merged_adapter(model_dir, tokenizer, dtype=dtype, device=device)
     for d in (model_dir, tok_dir):
         if not d.is_dir():
             raise FileNotFoundError(f"{d} is not a local directory (recipes never download models)")
     tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
     return lm.to(device), tok
+
+
+def _load_merged_adapter(adapter_dir: Path, tokenizer: str | None, *, dtype: str, device: torch.device):
+    import json
+
+    from memorywalker.train.adapter import load_adapter
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter_dir}: adapter_config.json names no base_model_name_or_path")
+    lm, tok = load_model(base, tokenizer or str(adapter_dir), dtype=dtype, device=torch.device("cpu"))
+    return load_adapter(lm, adapter_dir).merge_and_unload().to(device), tok

@@ -1,0 +1,291 @@
+"""DPO recipe: trajectory preference pairs, exact on each pair's conditioning tree.
+
+    memorywalker dpo --config configs/dpo_tiny.toml --method radix [--resume] [key=value ...]
+    memorywalker dpo data=rollouts.jsonl rule=solved-then-fewer-tool-calls beta=0.1 adapter.kind=lora
+
+Pairs come from ``pairs`` (a JSONL of ``{"chosen": ID, "rejected": ID}`` naming records of ``data``)
+or, without it, from a preference ``rule`` over the rollouts of each task in ``data`` (e.g. the output
+of ``memorywalker rollout --samples 4``). A pair is admitted only when both records branch from an
+identical conditioning context (``memorywalker.tree.pairs.admit_pair``); every rejected pair is written
+to ``run_dir/pair_rejects.jsonl`` with its reason. Each pair becomes one forest (the two records merged
+at their shared prefix); the scored set is the divergent spans after the branch (``scored=divergent``)
+or every target (``whole``).
+
+Per step (``batch_size`` pairs, ``world_size × grad_accum`` micro-batches):
+
+1. the engine's per-target logprobs (any method; exact ones give a plain per-call forward's) are
+   summed per pair side over the scored targets;
+2. the loss ``−log σ(β[(logp_w − logp_ref_w) − (logp_l − logp_ref_l)])`` (``objectives/preference.py``,
+   optional length normalization and SFT term), averaged over the step's pairs, is differentiated with
+   respect to each sum;
+3. the engine runs again with the ``weighted`` objective, ``−c_i log p_i`` with ``c_i = −dL/dsum``
+   of the target's side: its gradient is exactly the DPO gradient (one backward per buffer).
+
+The reference sums (``ref_model``, default: the policy as loaded, before any update) are computed
+once, before training, and kept in a cache keyed by weights, tokenizer, template, sequences, scored
+indices and settings (``memorywalker.train.refcache``), so a resume reuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import field_validator
+from tqdm import tqdm
+
+from memorywalker.engine import Batch, Denominators, EngineConfig, run
+from memorywalker.objectives.normalize import reduce_denominator
+from memorywalker.objectives.preference import dpo_loss
+from memorywalker.records.io import TrajectoryReader
+from memorywalker.render import Renderer, RenderOptions
+from memorywalker.train.adapter import (
+    apply_adapter,
+    engine_model,
+    is_adapted,
+    trainable_parameters,
+    write_adapter_manifest,
+)
+from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.config import ConfigError, TrainConfig
+from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.manifest import record_rows, write_training_manifest
+from memorywalker.train.model import load_model
+from memorywalker.train.refcache import RefCache, ref_settings, reference_sums, weights_hash
+from memorywalker.train.rundir import check_run_dir, record_config
+from memorywalker.train.step import (
+    TrainResult,
+    check_divisible,
+    optimizer_step,
+    rank_micro_batches,
+    reduce_step_metrics,
+    warmup_lr,
+)
+from memorywalker.tree.pairs import (
+    SCORED_SETS,
+    AdmittedPair,
+    PairRejected,
+    admit_pair,
+    read_pairs,
+    rule_pairs,
+    scored_targets,
+)
+
+
+class DPOConfig(TrainConfig):
+    """``memorywalker dpo`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
+
+    data: str | None = None  # trajectory JSONL holding both records of every pair
+    pairs: str | None = None  # JSONL of {"chosen": ID, "rejected": ID}; None = pairs from `rule`
+    rule: str = "reward"  # without `pairs`: reward | fewer-tool-calls | solved-then-fewer-tool-calls
+    max_pairs_per_task: int | None = None  # cap on the rule's pairs per task (None = all)
+    scored: Literal["divergent", "whole"] = "divergent"  # targets after the branch, or every target
+    beta: float = 0.1  # β of DPO (Rafailov et al. 2023)
+    length_normalize: bool = False  # mean instead of sum of each side's logprobs
+    sft_weight: float = 0.0  # weight of an NLL term (per token) on the preferred side's scored targets
+    ref_model: str | None = None  # reference model dir; None = the policy as loaded, before training
+    ref_cache: str | None = None  # reference logprob cache (JSON); None = run_dir/ref_logprobs.json
+    batch_size: int = 4  # pairs per optimizer step, over all ranks and micro-batches
+    normalization: str = "sequence"  # the loss is a mean over the step's pairs (DESIGN.md, "sequence")
+    truncated: Literal["exclude", "prefix"] = "exclude"  # responses cut off by the length limit
+    run_dir: str = "runs/dpo"
+    lr: float = 1e-6
+
+    @field_validator("normalization")
+    @classmethod
+    def _normalization(cls, v: str) -> str:
+        if v != "sequence":
+            raise ValueError(f"dpo normalizes per pair: normalization must be 'sequence', not {v!r}")
+        return v
+
+    @field_validator("scored")
+    @classmethod
+    def _scored(cls, v: str) -> str:
+        if v not in SCORED_SETS:
+            raise ValueError(f"unknown scored set {v!r}; valid: {', '.join(SCORED_SETS)}")
+        return v
+
+
+def admit_pairs(rendered: dict, ids: list[tuple[str, str]], scored: str
+                ) -> tuple[list[AdmittedPair], list[dict]]:
+    """Admitted pairs, and ``{"chosen", "rejected", "reason"}`` for each rejected one (order kept)."""
+    admitted, rejected = [], []
+    for w, lo in ids:
+        missing = [i for i in (w, lo) if i not in rendered]
+        if missing:
+            rejected.append({"chosen": w, "rejected": lo, "reason": f"no record with id {missing[0]} in data"})
+            continue
+        try:
+            admitted.append(admit_pair(rendered[w], rendered[lo], scored))
+        except PairRejected as e:
+            rejected.append({"chosen": w, "rejected": lo, "reason": str(e)})
+    return admitted, rejected
+
+
+def pair_step(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: EngineConfig, cfg: DPOConfig,
+              num_pairs: torch.Tensor, *, backward: bool = True) -> dict[str, torch.Tensor]:
+    """One micro-batch of pairs: DPO loss (Σ over these pairs / ``num_pairs`` of the step) and, with
+    ``backward``, its gradient accumulated into ``model``. ``ref``: float64 [P, 2] reference sums."""
+    batch = Batch.from_groups([[p.chosen, p.rejected] for p in pairs])  # one forest per pair
+    scored, seq = scored_targets(batch, pairs)
+    batch.targets.weight[:] = scored  # only the scored set trains
+
+    # 1. per-target logprobs (no graph), summed per pair side: seq = 2·pair + side
+    first = run(model, batch, engine, backward=False)
+    device = first.logprobs.device
+    s_idx = torch.from_numpy(seq[scored]).to(device)
+    sums = torch.zeros(2 * len(pairs), dtype=torch.float64, device=device).index_add_(
+        0, s_idx, first.logprobs[torch.from_numpy(scored).to(device)].double())
+    counts = torch.zeros(2 * len(pairs), dtype=torch.float64, device=device).index_add_(
+        0, s_idx, torch.ones(len(s_idx), dtype=torch.float64, device=device))
+
+    # 2. the sequence loss and its derivative with respect to each side's sum
+    pw, pl = sums[0::2].clone().requires_grad_(), sums[1::2].clone().requires_grad_()
+    ref = ref.to(device)
+    losses, stats = dpo_loss(pw, pl, ref[:, 0], ref[:, 1], beta=cfg.beta, chosen_tokens=counts[0::2],
+                             rejected_tokens=counts[1::2], length_normalize=cfg.length_normalize,
+                             sft_weight=cfg.sft_weight)
+    loss = losses.sum() / num_pairs.to(device)  # mean over the step's pairs
+    gw, gl = torch.autograd.grad(loss, (pw, pl))
+    grad_sum = torch.stack([gw, gl], 1).reshape(-1)  # [2P] dL/dsum, seq order
+
+    # 3. −c_i log p_i with c_i = −dL/dsum(side of i): the engine's backward gives the DPO gradient
+    if backward:
+        coef = np.zeros(len(batch.targets), dtype=np.float32)
+        coef[scored] = -grad_sum.cpu().numpy()[seq[scored]]
+        batch.targets.advantage[:] = coef
+        weighted = dataclasses.replace(engine, objective="weighted", normalization="token")
+        one = torch.ones((), dtype=torch.float64)
+        run(model, batch, weighted, denominators=Denominators(loss=one, kl=one))  # Σ c·ℓ / 1
+    return {"loss": loss.detach(), "margin": stats["margin"], "coefficient": stats["coefficient"],
+            "chosen_reward": stats["chosen_reward"], "rejected_reward": stats["rejected_reward"],
+            "policy": torch.stack([pw.detach(), pl.detach()], 1), "tokens": counts.sum()}
+
+
+def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, trajectories=None,
+          progress: bool = True) -> TrainResult:
+    """Run the recipe on ``cfg.data`` / ``cfg.pairs`` (or the given ``trajectories`` / ``pairs`` ids)."""
+    from memorywalker.recipes.sft import step_trajectories
+
+    # --- setup: ranks, inputs (checked before the model loads) ----------------------------------------
+    info = init_distributed()
+    check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
+    run_dir = Path(cfg.run_dir)
+    check_run_dir(cfg)
+    barrier()
+    if trajectories is None:
+        if cfg.data is None:
+            raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        reader = TrajectoryReader(cfg.data, rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl")
+        trajectories = list(reader)
+        if not trajectories:
+            raise ValueError(f"data {cfg.data}: no valid trajectory ({reader.summary})")
+    if pairs is None:
+        pairs = read_pairs(cfg.pairs) if cfg.pairs else rule_pairs(trajectories, cfg.rule,
+                                                                   max_pairs_per_task=cfg.max_pairs_per_task)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model.eval()  # no dropout: both engine passes of a step compute the same function
+    base_hash = weights_hash(model)
+
+    # --- pairs: render, admit (identical context before the branch), reject with a reason -------------
+    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    rendered = {t.id: renderer.render(t) for t in trajectories}
+    admitted, rejected = admit_pairs(rendered, pairs, cfg.scored)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "pair_rejects.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rejected)
+        print(f"dpo: {len(pairs)} pairs: {len(admitted)} admitted, {len(rejected)} rejected"
+              + (f" (reasons in {run_dir / 'pair_rejects.jsonl'})" if rejected else ""))
+    if not admitted:
+        raise ValueError(f"dpo: no admitted pair among {len(pairs)}"
+                         + (f"; first rejection: {rejected[0]['reason']}" if rejected else ""))
+
+    # --- reference sums, once (before any update or resume), through the cache -------------------------
+    engine = EngineConfig(method=cfg.method, objective="nll", normalization="token", attention=cfg.attention,
+                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+    ref_model = model
+    if cfg.ref_model is not None:
+        ref_model, _ = load_model(cfg.ref_model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+        ref_model.eval()
+    cache = RefCache(cfg.ref_cache or run_dir / "ref_logprobs.json")
+    settings = ref_settings(ref_model, tokenizer, method=cfg.method, attention=cfg.attention,
+                            max_tokens=cfg.max_tokens, truncated=cfg.truncated)
+    with torch.no_grad():
+        ref = reference_sums(ref_model, admitted, settings, cache, engine)
+    del ref_model
+
+    # --- model: adapter, optimizer, resume ----------------------------------------------------------------
+    model = apply_adapter(model, cfg.adapter)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
+    start = state["step"] if state else 0
+    if info.is_main:
+        record_config(cfg)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
+
+    # --- loop -------------------------------------------------------------------------------------------
+    history: list[dict] = []
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"dpo {cfg.method}", unit="step",
+               disable=not (progress and info.is_main))
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        ids = step_trajectories(len(admitted), cfg.batch_size, step, cfg.seed)
+        micro = rank_micro_batches(ids, info, cfg.grad_accum)
+        num_pairs = reduce_denominator([torch.tensor(float(len(mb))) for mb in micro])  # Σ over ranks
+        rows = []
+        for mb in micro:
+            out = pair_step(engine_model(model), [admitted[i] for i in mb], ref[mb], engine, cfg, num_pairs)
+            rows.append({"loss": out["loss"], "margin": out["margin"].mean(),
+                         "accuracy": (out["margin"] > 0).double().mean(),
+                         "coefficient": out["coefficient"].mean(), "chosen_reward": out["chosen_reward"].mean(),
+                         "rejected_reward": out["rejected_reward"].mean(), "tokens": out["tokens"]})
+        lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
+        grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
+        metrics = reduce_step_metrics(rows)
+        metrics.update(lr=lr, grad_norm=float(grad_norm), seconds=time.perf_counter() - t0)
+        logger.log(step, metrics)
+        history.append({"step": step, **metrics})
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", margin=f"{metrics['margin']:.3f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if info.is_main:
+                save_checkpoint(run_dir, step + 1, model, optimizer, {"data_position": (step + 1) * cfg.batch_size,
+                                                                      "num_pairs": len(admitted)},
+                                keep=cfg.keep_checkpoints)
+            barrier()
+    bar.close()
+    logger.close()
+
+    # --- final model, adapter manifest, training manifest ------------------------------------------------
+    if info.is_main:
+        final = save_final(run_dir, model, tokenizer, {"recipe": "dpo", "steps": cfg.steps})
+        if is_adapted(model):
+            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
+                                   tokenizer=tokenizer, dtype=cfg.dtype, data=[p for p in (cfg.data, cfg.pairs) if p])
+        used = {t for p in admitted for t in (p.chosen.id, p.rejected.id)}
+        write_training_manifest(
+            run_dir, recipe="dpo", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
+            inputs=[p for p in (cfg.data, cfg.pairs) if p],
+            records=record_rows([t for t in trajectories if t.id in used]),
+            target_rule={"scored": cfg.scored, "truncated": cfg.truncated, "selected": "selected calls' responses"},
+            extra={"pairs": [{"chosen": p.chosen.id, "rejected": p.rejected.id, "branch_call": p.branch_call,
+                              "branch_token": p.branch_token} for p in admitted],
+                   "rejected_pairs": rejected})
+    barrier()
+    return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
+
+
+if __name__ == "__main__":  # torchrun / accelerate launch -m memorywalker.recipes.dpo ...
+    from memorywalker.cli.train_cmd import recipe_main
+
+    recipe_main("dpo")

@@ -44,9 +44,10 @@ from memorywalker.records.schema import Task, Trajectory
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
 from memorywalker.rollout.harness import call_seed
-from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
+from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.model import load_model
 from memorywalker.train.rundir import check_run_dir, record_config
@@ -123,7 +124,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward."""
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
-    info = init_distributed()
+    info = init_distributed(cfg.collective_timeout)
     check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
@@ -131,6 +132,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
+    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
@@ -162,17 +164,18 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         # 1. collect: this rank's tasks, group_size episodes each, with the current weights
         tasks, cursor = next_tasks(env, cfg.suite, cfg.split, cursor, cfg.prompts_per_step)
         micro_groups: list[list[list[Trajectory]]] = []
-        for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
-            micro_groups.append([])
-            for task in mb_tasks:
-                group = []
-                for j in range(cfg.group_size):
-                    traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
-                                       episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
-                    if reward_fn is not None:
-                        traj.reward = float(reward_fn(traj))
-                    group.append(traj)
-                micro_groups[-1].append(group)
+        with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
+            for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
+                micro_groups.append([])
+                for task in mb_tasks:
+                    group = []
+                    for j in range(cfg.group_size):
+                        traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
+                                           episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
+                        if reward_fn is not None:
+                            traj.reward = float(reward_fn(traj))
+                        group.append(traj)
+                    micro_groups[-1].append(group)
         t_rollout = time.perf_counter() - t0
 
         # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest
@@ -184,7 +187,8 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         first = None
         for epoch in range(cfg.ppo_epochs):
             dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-            results = [run(model, mb, engine, denominators=dens) for mb in micro]
+            with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
+                results = [run(model, mb, engine, denominators=dens) for mb in micro]
             lr = warmup_lr(cfg.lr, step * cfg.ppo_epochs + epoch, cfg.warmup_steps)
             grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
             epoch_metrics = reduce_step_metrics([r.metrics for r in results])
@@ -208,17 +212,13 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if info.is_main:
-                save_checkpoint(run_dir, step + 1, model, optimizer, {"task_cursor": cursor},
-                                keep=cfg.keep_checkpoints)
-            barrier()
+            save_step(run_dir, step + 1, model, optimizer, {"task_cursor": cursor}, keep=cfg.keep_checkpoints,
+                      info=info)  # fsdp: sharded (DCP) on every rank
     bar.close()
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    if info.is_main:
-        save_final(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps})
-    barrier()
+    save_model(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps}, info)  # fsdp: consolidated
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 
 

@@ -30,9 +30,10 @@ from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denom
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer, RenderOptions
-from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.model import load_model
 from memorywalker.train.rundir import check_run_dir, record_config
@@ -78,7 +79,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     """Run the recipe on ``cfg.data``, or on ``trajectories`` when given."""
 
     # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
-    info = init_distributed()
+    info = init_distributed(cfg.collective_timeout)
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
@@ -97,6 +98,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.train()
+    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
@@ -130,7 +132,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         micro = [Batch.from_groups([[data[i]] for i in mb])  # one tree per trajectory
                  for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-        results = [run(model, mb, engine, denominators=dens) for mb in micro]
+        with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
+            results = [run(model, mb, engine, denominators=dens) for mb in micro]
         lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
 
@@ -143,18 +146,14 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if info.is_main:
-                save_checkpoint(run_dir, step + 1, model, optimizer, {
-                    "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
-                    keep=cfg.keep_checkpoints)
-            barrier()
+            save_step(run_dir, step + 1, model, optimizer, {  # fsdp: sharded (DCP) on every rank
+                "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
+                keep=cfg.keep_checkpoints, info=info)
     bar.close()
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    if info.is_main:
-        save_final(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps})
-    barrier()
+    save_model(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps}, info)  # fsdp: consolidated
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 
 

@@ -67,6 +67,11 @@ class TrainConfig(RecipeConfig):
     save_every: int = 50  # checkpoint every this many steps (and at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # also write run_dir/tensorboard
+    # --- parallelism (docs/recipes.md, "Multi-GPU and sharding")
+    parallel: str = "ddp"  # ddp: whole model per rank, gradients summed once per step | fsdp: FSDP2 sharding
+    mixed_precision: str | None = None  # fsdp: dtype the gathered parameters compute in (bfloat16); grads reduce in fp32
+    activation_checkpointing: bool = False  # fsdp: each decoder layer recomputes its activations in backward
+    collective_timeout: float = 600.0  # seconds a collective may wait before the run fails, naming the cause
 
     @field_validator("method")
     @classmethod
@@ -88,6 +93,20 @@ class TrainConfig(RecipeConfig):
     def _dtype(cls, v: str) -> str:
         if v not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {v!r}; valid: float32, bfloat16, float16")
+        return v
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel(cls, v: str) -> str:
+        if v not in ("ddp", "fsdp"):
+            raise ValueError(f"unknown parallel {v!r}; valid: ddp, fsdp")
+        return v
+
+    @field_validator("mixed_precision")
+    @classmethod
+    def _mixed_precision(cls, v: str | None) -> str | None:
+        if v not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"unknown mixed_precision {v!r}; valid: bfloat16, float16, float32 (or unset)")
         return v
 
     @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints")

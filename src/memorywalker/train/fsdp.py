@@ -41,8 +41,7 @@ once and writes ``run_dir/final`` with ``save_pretrained``.
 from __future__ import annotations
 
 import shutil
-from contextlib import contextmanager
-from datetime import timedelta
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,7 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
@@ -110,8 +109,34 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     return model
 
 
-def init_process_group_timeout(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Each decoder layer keeps only its inputs and recomputes its activations in backward
+    (non-reentrant ``torch.utils.checkpoint`` through the model's own hook).
+
+    The recomputation replays the attention implementation the forward ran under: the radix schedule
+    switches ``config._attn_implementation`` to its prefix kernel only while it runs its forwards, and
+    the backward comes later (a layer recomputed under SDPA would save other tensors and fail)."""
+    config = model.config
+
+    def context_fn():
+        impl = config._attn_implementation  # read when the layer runs forward
+        return nullcontext(), _attention_implementation(config, impl)
+
+    kwargs = {"use_reentrant": False, "context_fn": context_fn}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before the rename
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextmanager
+def _attention_implementation(config, impl: str):
+    saved = config._attn_implementation
+    config._attn_implementation = impl
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
 
 
 # --- the fixed collective schedule ---------------------------------------------------------------------
@@ -281,7 +306,7 @@ def parallelize(model: torch.nn.Module, cfg, info) -> torch.nn.Module:
     run, else as loaded (``ddp``: replicated, gradients summed once per step by the recipe)."""
     if cfg.parallel != "fsdp" or info.world_size == 1:
         if cfg.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         return model
     return shard_model(model, mixed_precision=cfg.mixed_precision,
                        activation_checkpointing=cfg.activation_checkpointing)

@@ -102,6 +102,7 @@ def last_metrics(run_dir) -> dict:
     return json.loads((Path(run_dir) / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.slow  # a 2-process spawn of every case: about 100 s on 2 cores
 @pytest.mark.parametrize("recipe", ["sft", "rl"])
 def test_fsdp_step_equals_the_single_process_step(kit, tmp_path, fsdp_runs, recipe):
     """For every exact method and both normalizations, one FSDP step on 2 ranks (each holding half of
@@ -124,6 +125,7 @@ def test_fsdp_step_equals_the_single_process_step(kit, tmp_path, fsdp_runs, reci
             assert got["reward_mean"] == ref["reward_mean"] and got["episodes"] == 4, name
 
 
+@pytest.mark.slow  # a 2-process spawn of every case: about 100 s on 2 cores
 def test_activation_checkpointing_and_bf16_mixed_precision(kit, tmp_path, fsdp_runs):
     """Per-layer activation checkpointing recomputes the same function: the step equals the plain
     single-process one to 1e-5. bf16 mixed precision (bf16 compute, fp32 master weights and gradient
@@ -144,6 +146,7 @@ def test_activation_checkpointing_and_bf16_mixed_precision(kit, tmp_path, fsdp_r
     assert all(v.dtype == torch.float32 for v in w.values())  # the export holds the fp32 master weights
 
 
+@pytest.mark.slow  # a 2-process spawn of every case: about 100 s on 2 cores
 def test_sharded_checkpoint_is_sealed_and_resumes_on_one_process(kit, tmp_path, fsdp_runs):
     """The 2-rank run wrote DCP checkpoints (one shard file per rank) sealed by a verifying manifest;
     resuming it on 1 process for 2 more steps ends where 4 single-process steps end (1e-5 of the
@@ -174,6 +177,7 @@ def _torchrun(data: Path, run_dir: Path, kit, *extra: str) -> list[str]:
             "--no-progress", *extra]
 
 
+@pytest.mark.slow  # a 2-process spawn of every case: about 100 s on 2 cores
 def test_sigkill_after_a_sharded_checkpoint_then_resume_is_bitwise_identical(kit, tmp_path):
     data = tmp_path / "data.jsonl"
     write_trajectories(data, episodes(6))
@@ -226,7 +230,7 @@ def _stall_worker(rank: int, world: int, port: int, out: str) -> None:
                 seen["stall"] = str(e)
             seen["waited"] = time.time() - t0
         else:
-            time.sleep(6)
+            time.sleep(4)
         torch.save(seen, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

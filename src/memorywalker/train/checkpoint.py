@@ -4,6 +4,7 @@ Layout of ``run_dir``::
 
     checkpoints/step-000040/{model.safetensors, optimizer.pt, state.json, rng.pt, manifest.json}
     checkpoints/latest          # text file naming the newest checkpoint (for people; resume scans)
+    checkpoints/step-000040/{dcp/, state.json, rng.pt, manifest.json}   # parallel="fsdp": sharded (train/fsdp.py)
     final/                      # the trained model as a Hugging Face dir (save_pretrained + tokenizer)
 
 A checkpoint is written to a temporary folder and renamed into place; ``manifest.json`` (the size and

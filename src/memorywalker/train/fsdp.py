@@ -40,6 +40,7 @@ once and writes ``run_dir/final`` with ``save_pretrained``.
 
 from __future__ import annotations
 
+import os
 import shutil
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -304,6 +305,11 @@ def export_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, An
 def parallelize(model: torch.nn.Module, cfg, info) -> torch.nn.Module:
     """The model a recipe trains: sharded with FSDP2 when ``cfg.parallel == "fsdp"`` and several ranks
     run, else as loaded (``ddp``: replicated, gradients summed once per step by the recipe)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and cfg.parallel != "fsdp":
+        from memorywalker.train.config import ConfigError
+
+        raise ConfigError("accelerate launched this run with an FSDP config, but parallel="
+                          f"{cfg.parallel!r}: pass parallel=fsdp (the recipe shards the model itself)")
     if cfg.parallel != "fsdp" or info.world_size == 1:
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)

@@ -29,7 +29,7 @@ attention layer. Segments packed in one row never attend to each other (varlen p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,6 @@ class Segment:
     ancestors: list[int]  # indices into PrefixKV.blocks of the cached blocks it sees (root first)
 
 
-@dataclass
 class PrefixKV:
     """What one forward attends to and what it leaves behind.
 
@@ -53,11 +52,17 @@ class PrefixKV:
     its own cached ancestors and causally to itself, never to another segment. ``blocks[i][layer]`` is
     a cached (key, value) pair [1, kv_heads, n_i, head_dim] (after RoPE, with grad). The forward fills
     ``new[layer]`` with its row's (key, value) [1, kv_heads, L, head_dim].
+
+    A plain class, not a dataclass: wrappers that rebuild a module's keyword arguments (FSDP2 walks
+    dataclasses in them to hook tensors that need grad) would hand each layer a copy, and the keys and
+    values a layer writes into ``new`` would never reach the caller.
     """
 
-    segments: list[Segment]
-    blocks: list[list[tuple[torch.Tensor, torch.Tensor]]]
-    new: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    def __init__(self, segments: list[Segment], blocks: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                 new: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None):
+        self.segments = segments
+        self.blocks = blocks
+        self.new = {} if new is None else new
 
 
 def _rep(x: torch.Tensor, n_rep: int, batch: int) -> torch.Tensor:

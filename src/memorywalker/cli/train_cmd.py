@@ -49,7 +49,10 @@ def _command(recipe: str):
         if override_config:
             extra.append("override_config=true")
         cfg = load_config(getattr(module, cls_name), config, extra)  # a ConfigError is one line, exit 2
-        result = module.train(cfg, progress=progress)
+        from memorywalker.train.fsdp import collective_guard
+
+        with collective_guard(f"memorywalker {recipe}", cfg.collective_timeout):  # a stalled peer: one line
+            result = module.train(cfg, progress=progress)
         last = result.metrics[-1] if result.metrics else {}
         summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "reward_mean", "margin") if k in last)
         typer.echo(f"{recipe}: {result.steps} steps{'; last ' + summary if summary else ''}; "

@@ -174,6 +174,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
     from memorywalker.recipes.sft import step_trajectories
 
     # --- setup: ranks, inputs (checked before the model loads) ----------------------------------------
+    if cfg.parallel != "ddp":  # the sharded (fsdp) step is built for sft and rl only
+        raise ConfigError("dpo runs with parallel=ddp only (fsdp is not built for the dpo recipe yet)")
     info = init_distributed()
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
     run_dir = Path(cfg.run_dir)

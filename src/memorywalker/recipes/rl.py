@@ -51,9 +51,10 @@ from memorywalker.train.adapter import (
     trainable_parameters,
     write_adapter_manifest,
 )
-from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
+from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
@@ -132,7 +133,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward."""
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
-    info = init_distributed()
+    info = init_distributed(cfg.collective_timeout)
     check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
@@ -142,6 +143,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
     model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
+    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
@@ -174,17 +176,18 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         # 1. collect: this rank's tasks, group_size episodes each, with the current weights
         tasks, cursor = next_tasks(env, cfg.suite, cfg.split, cursor, cfg.prompts_per_step)
         micro_groups: list[list[list[Trajectory]]] = []
-        for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
-            micro_groups.append([])
-            for task in mb_tasks:
-                group = []
-                for j in range(cfg.group_size):
-                    traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
-                                       episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
-                    if reward_fn is not None:
-                        traj.reward = float(reward_fn(traj))
-                    group.append(traj)
-                micro_groups[-1].append(group)
+        with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
+            for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
+                micro_groups.append([])
+                for task in mb_tasks:
+                    group = []
+                    for j in range(cfg.group_size):
+                        traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
+                                           episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
+                        if reward_fn is not None:
+                            traj.reward = float(reward_fn(traj))
+                        group.append(traj)
+                    micro_groups[-1].append(group)
         t_rollout = time.perf_counter() - t0
 
         # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest
@@ -196,7 +199,8 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         first = None
         for epoch in range(cfg.ppo_epochs):
             dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-            results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
+            with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
+                results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
             lr = warmup_lr(cfg.lr, step * cfg.ppo_epochs + epoch, cfg.warmup_steps)
             grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
             epoch_metrics = reduce_step_metrics([r.metrics for r in results])
@@ -221,16 +225,15 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if info.is_main:
-                save_checkpoint(run_dir, step + 1, model, optimizer, {"task_cursor": cursor},
-                                keep=cfg.keep_checkpoints)
-            barrier()
+            save_step(run_dir, step + 1, model, optimizer, {"task_cursor": cursor}, keep=cfg.keep_checkpoints,
+                      info=info)  # fsdp: sharded (DCP) on every rank
     bar.close()
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
+    save_model(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps}, info)  # fsdp: consolidated
     if info.is_main:
-        final = save_final(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps})
+        final = run_dir / "final"
         if is_adapted(model):
             write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
                                    tokenizer=tokenizer, dtype=cfg.dtype)

@@ -37,9 +37,10 @@ from memorywalker.train.adapter import (
     trainable_parameters,
     write_adapter_manifest,
 )
-from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
 from memorywalker.train.logging import MetricsLogger
 from memorywalker.train.manifest import record_rows, write_training_manifest
 from memorywalker.train.model import load_model
@@ -87,7 +88,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     """Run the recipe on ``cfg.data``, or on ``trajectories`` when given."""
 
     # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
-    info = init_distributed()
+    info = init_distributed(cfg.collective_timeout)
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
@@ -108,6 +109,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     model.train()
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
     model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
+    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
@@ -141,7 +143,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         micro = [Batch.from_groups([[data[i]] for i in mb])  # one tree per trajectory
                  for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-        results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
+        with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
+            results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
         lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
 
@@ -154,17 +157,16 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if info.is_main:
-                save_checkpoint(run_dir, step + 1, model, optimizer, {
-                    "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
-                    keep=cfg.keep_checkpoints)
-            barrier()
+            save_step(run_dir, step + 1, model, optimizer, {  # fsdp: sharded (DCP) on every rank
+                "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
+                keep=cfg.keep_checkpoints, info=info)
     bar.close()
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
+    save_model(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps}, info)  # fsdp: consolidated
     if info.is_main:
-        final = save_final(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps})
+        final = run_dir / "final"
         if is_adapted(model):
             write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
                                    tokenizer=tokenizer, dtype=cfg.dtype, data=[cfg.data] if cfg.data else [])

@@ -4,6 +4,7 @@ Layout of ``run_dir``::
 
     checkpoints/step-000040/{model.safetensors, optimizer.pt, state.json, rng.pt, manifest.json}
     checkpoints/latest          # text file naming the newest checkpoint (for people; resume scans)
+    checkpoints/step-000040/{dcp/, state.json, rng.pt, manifest.json}   # parallel="fsdp": sharded (train/fsdp.py)
     final/                      # the trained model as a Hugging Face dir (save_pretrained + tokenizer)
 
 A checkpoint is written to a temporary folder and renamed into place; ``manifest.json`` (the size and
@@ -33,6 +34,8 @@ from safetensors.torch import load_file, save_file
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what a checkpoint must hold
+# A sharded checkpoint (parallel="fsdp", torch.distributed.checkpoint) holds dcp/ instead of the first two.
+FORMAT_FILES = {"safetensors": FILES, "dcp": ("dcp/.metadata", "rng.pt", "state.json")}
 
 
 class CheckpointError(ValueError):
@@ -57,7 +60,10 @@ def verify_checkpoint(path: str | Path) -> str | None:
         return f"no {MANIFEST} (the write did not finish, or an older memorywalker wrote it)"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({e})"
-    for name in FILES:
+    fmt = manifest.get("format", "safetensors")
+    if fmt not in FORMAT_FILES:
+        return f"{MANIFEST} names an unknown format {fmt!r}"
+    for name in FORMAT_FILES[fmt]:
         if name not in files:
             return f"{MANIFEST} does not list {name}"
     for name, want in files.items():
@@ -125,7 +131,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     """Write checkpoint ``step`` atomically; keep the newest ``keep`` checkpoints."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -133,14 +138,30 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     save_file({k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()},
               str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    write_extras(tmp, step, state)
+    return seal_checkpoint(run_dir, step, tmp, keep=keep)
+
+
+def write_extras(tmp: Path, step: int, state: dict[str, Any]) -> None:
+    """The RNG states and ``state.json`` (step, data position…) of a checkpoint being written."""
     torch.save(_rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-    for f in tmp.iterdir():
+
+
+def seal_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2, fmt: str = "safetensors") -> Path:
+    """Fsync every file of the temporary folder ``tmp``, write the manifest last, rename it into
+    place as ``step-NNNNNN``, verify, point ``latest`` at it, drop older checkpoints beyond ``keep``.
+    ``fmt`` (``safetensors`` | ``dcp``) is recorded in the manifest and decides which files it must list."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step-{step:06d}"
+    files = sorted(f for f in tmp.rglob("*") if f.is_file())
+    for f in files:
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     # The manifest goes last: a folder without it (or with files that disagree) is never trusted.
-    manifest = {"step": step, "files": {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-                                        for f in sorted(tmp.iterdir())}}
+    manifest = {"step": step, "format": fmt,
+                "files": {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                          for f in files}}
     with open(tmp / MANIFEST, "w") as fh:
         fh.write(json.dumps(manifest, indent=2))
         fh.flush()
@@ -177,6 +198,17 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     reason = verify_checkpoint(path)
     if reason is not None:
         raise CheckpointError(f"checkpoint {path}: {reason}")
+    if json.loads((path / MANIFEST).read_text()).get("format") == "dcp":
+        from memorywalker.train.fsdp import load_sharded
+
+        load_sharded(path, model, optimizer)  # any world size; collective when distributed
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        return json.loads((path / "state.json").read_text())
+    from memorywalker.train.fsdp import is_sharded
+
+    if is_sharded(model):
+        raise CheckpointError(f"checkpoint {path} was written unsharded (parallel=ddp); resume it with "
+                              "parallel=ddp, or start the fsdp run afresh")
     weights = load_file(str(path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied weights are saved under both names and restored through either one.

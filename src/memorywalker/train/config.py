@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,6 +94,11 @@ class TrainConfig(RecipeConfig):
     tensorboard: bool = False  # also write run_dir/tensorboard
     # --- adapter
     adapter: AdapterConfig = AdapterConfig()  # adapter.kind=lora: LoRA through PEFT (docs/recipes.md)
+    # --- parallelism (docs/recipes.md, "Multi-GPU and sharding")
+    parallel: str = "ddp"  # ddp: whole model per rank, gradients summed once per step | fsdp: FSDP2 sharding
+    mixed_precision: str | None = None  # fsdp: dtype the gathered parameters compute in (bfloat16); grads reduce in fp32
+    activation_checkpointing: bool = False  # fsdp: each decoder layer recomputes its activations in backward
+    collective_timeout: float = 600.0  # seconds a collective may wait before the run fails, naming the cause
 
     @field_validator("method")
     @classmethod
@@ -117,12 +122,33 @@ class TrainConfig(RecipeConfig):
             raise ValueError(f"unknown dtype {v!r}; valid: float32, bfloat16, float16")
         return v
 
+    @field_validator("parallel")
+    @classmethod
+    def _parallel(cls, v: str) -> str:
+        if v not in ("ddp", "fsdp"):
+            raise ValueError(f"unknown parallel {v!r}; valid: ddp, fsdp")
+        return v
+
+    @field_validator("mixed_precision")
+    @classmethod
+    def _mixed_precision(cls, v: str | None) -> str | None:
+        if v not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"unknown mixed_precision {v!r}; valid: bfloat16, float16, float32 (or unset)")
+        return v
+
     @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _adapter_and_sharding(self):
+        # Not built yet: sharding a PEFT-wrapped model (its decoder layers sit under peft's wrappers).
+        if self.parallel == "fsdp" and self.adapter.kind != "none":
+            raise ValueError("parallel=fsdp with adapter.kind=lora is not supported yet; use parallel=ddp")
+        return self
 
 
 C = TypeVar("C", bound=BaseModel)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -35,14 +36,16 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Initialise the process group when launched with several processes; no-op otherwise."""
+def init_distributed(timeout_s: float | None = None) -> DistInfo:
+    """Initialise the process group when launched with several processes; no-op otherwise.
+    ``timeout_s``: how long a collective may wait for the other ranks before it fails."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
+        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        dist.init_process_group(backend=backend, **kw)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))

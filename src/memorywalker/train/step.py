@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from memorywalker.train.distributed import DistInfo, allreduce_gradients, gather_objects
+from memorywalker.train.fsdp import full_norm, is_sharded, sync_gradients
 
 T = TypeVar("T")
 
@@ -53,13 +54,19 @@ def rank_micro_batches(items: Sequence[T], info: DistInfo, grad_accum: int) -> l
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lr: float,
                    grad_clip: float | None) -> torch.Tensor:
-    """Sum gradients over ranks, clip their global norm, step, zero. Returns the pre-clip norm."""
+    """Sum gradients over ranks, clip their global norm, step, zero. Returns the pre-clip norm.
+
+    A sharded model (``parallel="fsdp"``) reduce-scatters its gradients in one zero-weight pass
+    (:func:`memorywalker.train.fsdp.sync_gradients`); a replicated one all-reduces them once."""
+    if is_sharded(model):
+        sync_gradients(model)
+    else:
+        allreduce_gradients(model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:  # unused by every target of the step: a zero gradient, as under DDP
             p.grad = torch.zeros_like(p)
-    allreduce_gradients(model)
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
+    norm = full_norm(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf))
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()

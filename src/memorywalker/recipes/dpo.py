@@ -54,7 +54,7 @@ from memorywalker.train.adapter import (
 from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
-from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows, write_training_manifest
 from memorywalker.train.model import load_model
 from memorywalker.train.refcache import RefCache, ref_settings, reference_sums, weights_hash
@@ -233,7 +233,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
     start = state["step"] if state else 0
     if info.is_main:
         record_config(cfg)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
+                           wandb=wandb_options(cfg))
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []

@@ -55,7 +55,7 @@ from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
 from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
-from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
 from memorywalker.train.refcache import weights_hash
@@ -163,7 +163,8 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                           grpo_scale_by_std=cfg.grpo_scale_by_std)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
+                           wandb=wandb_options(cfg))
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []

@@ -41,7 +41,7 @@ from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
 from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
-from memorywalker.train.logging import MetricsLogger
+from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows, write_training_manifest
 from memorywalker.train.model import load_model
 from memorywalker.train.refcache import weights_hash
@@ -131,7 +131,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
         record_config(cfg)
     engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
+                           wandb=wandb_options(cfg))
 
     # --- loop -------------------------------------------------------------------------------------------
     history: list[dict] = []

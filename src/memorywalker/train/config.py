@@ -92,6 +92,9 @@ class TrainConfig(RecipeConfig):
     save_every: int = 50  # checkpoint every this many steps (and at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # also write run_dir/tensorboard
+    wandb: bool = False  # also log to Weights & Biases (pip install "memorywalker[wandb]"), files in run_dir/wandb
+    wandb_project: str = "memorywalker"  # W&B project
+    wandb_mode: str = "online"  # online | offline (no network; `wandb sync` later) | disabled
     # --- adapter
     adapter: AdapterConfig = AdapterConfig()  # adapter.kind=lora: LoRA through PEFT (docs/recipes.md)
     # --- parallelism (docs/recipes.md, "Multi-GPU and sharding")
@@ -120,6 +123,13 @@ class TrainConfig(RecipeConfig):
     def _dtype(cls, v: str) -> str:
         if v not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {v!r}; valid: float32, bfloat16, float16")
+        return v
+
+    @field_validator("wandb_mode")
+    @classmethod
+    def _wandb_mode(cls, v: str) -> str:
+        if v not in ("online", "offline", "disabled"):
+            raise ValueError(f"unknown wandb_mode {v!r}; valid: online, offline, disabled")
         return v
 
     @field_validator("parallel")

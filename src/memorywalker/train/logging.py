@@ -1,9 +1,10 @@
-"""Metrics to JSONL every step (always) and to TensorBoard (when asked)."""
+"""Metrics to JSONL every step (always), and to TensorBoard and Weights & Biases when asked."""
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False, enabled: bool = True,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, wandb: dict[str, Any] | None = None):
+        """``wandb``: ``{"project", "mode", "config"}`` to also log to Weights & Biases (the same rows)."""
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        self._wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +44,8 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if wandb is not None:
+            self._wandb = _wandb_run(Path(run_dir), **wandb)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
@@ -52,6 +57,8 @@ class MetricsLogger:
             for k, v in row.items():
                 if k != "step" and isinstance(v, int | float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step, commit=True)
 
     def close(self) -> None:
         if not self.enabled:
@@ -59,6 +66,28 @@ class MetricsLogger:
         self._f.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _wandb_run(run_dir: Path, project: str, mode: str, config: dict[str, Any]):
+    """One W&B run per run_dir, resumed under the same id (kept in run_dir/wandb/run_id)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError('wandb=true needs the wandb package: pip install "memorywalker[wandb]"') from None
+    id_file = run_dir / "wandb" / "run_id"
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+    id_file.write_text(run_id)
+    return wandb.init(project=project, mode=mode, dir=str(run_dir), id=run_id, resume="allow", config=config)
+
+
+def wandb_options(cfg) -> dict[str, Any] | None:
+    """The ``wandb`` argument of :class:`MetricsLogger` for a recipe config (None when off)."""
+    if not cfg.wandb:
+        return None
+    return {"project": cfg.wandb_project, "mode": cfg.wandb_mode, "config": cfg.model_dump(mode="json")}
 
 
 def _step_of(line: str) -> int | None:

@@ -27,7 +27,8 @@ RUN_ARTIFACTS = ("config.json", "metrics.jsonl", "checkpoints", "final")
 # Fields that do not change what any step computes: a resume may change them freely. ``steps`` only
 # moves the end of the run (the learning-rate schedule depends on warmup_steps, not on steps).
 RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "save_every",
-                              "keep_checkpoints", "tensorboard", "device", "parallel",
+                              "keep_checkpoints", "tensorboard", "wandb", "wandb_project", "wandb_mode",
+                              "device", "parallel",
                               "activation_checkpointing", "collective_timeout"})
 
 

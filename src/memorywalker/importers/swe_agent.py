@@ -102,12 +102,7 @@ def import_file(path: Path, result: ImportResult) -> None:
         b.call(context, rid, finish_reason="tool_calls" if resp.get("tool_calls") else "stop",
                meta={"step": i})
         result.imported += 1
-    elided = {m.id for m in b.messages if m.content.startswith("Old environment output")}
-    for m in b.messages:
-        if m.id in elided:
-            m.author = "harness"
-    infer_evictions(b, "placeholder", elided)
-    result.finish(b, path)
+    _finish_with_placeholders(b, result, path)
 
 
 # --- older format: calls reconstructed from ``history`` ---------------------------------------------
@@ -216,6 +211,12 @@ def import_history(path: Path, data: dict, result: ImportResult) -> None:
         result.imported += min(len(steps), len(assistant))
         for j in range(len(assistant), len(steps)):
             result.reject(path, j, "missing_field", f"step {j} has no assistant entry in 'history'")
+    _finish_with_placeholders(b, result, path)
+
+
+def _finish_with_placeholders(b, result, path) -> None:
+    """SWE-agent's history processors replace old observations with "Old environment output: ..."
+    placeholders: those messages are harness artifacts, and each first replacement is an eviction."""
     elided = {m.id for m in b.messages if m.content.startswith("Old environment output")}
     for m in b.messages:
         if m.id in elided:

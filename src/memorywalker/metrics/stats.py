@@ -30,7 +30,7 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (p + z²/2n) / (1 + z²/n),  half = z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n).
 
     For 7/10 at z = 1.96: p = 0.7, z²/n = 0.38416, centre = 0.89208 / 1.38416 = 0.64449,
-    half = 1.96·sqrt(0.021 + 0.0096040) / 1.38416 = 0.24772, so (0.3968, 0.8922).
+    half = 1.96·sqrt(0.021 + 0.0096040) / 1.38416 = 0.24772, so (0.39677, 0.89221).
 
     >>> [round(x, 4) for x in wilson_interval(7, 10)]
     [0.3968, 0.8922]

@@ -213,7 +213,7 @@ def report_tables(report: dict[str, Any]):
         return f"{100 * x:.1f}%"
 
     def cost(x: float | None, total: int) -> str:
-        return f"{x:.1f}" if x is not None else f"n/a (0 accepted; total {total})"
+        return f"{x:.1f}" if x is not None else f"0 accepted, total {total}"
 
     t = Table(title=f"memorywalker eval · harness {report['harness']['name']} · "
                     f"{int(100 * (1 - report['config']['alpha']))}% intervals")

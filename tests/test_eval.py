@@ -297,3 +297,15 @@ def test_eval_cli_errors_are_one_line(tmp_path):
         res = CliRunner().invoke(app, ["eval", *args, "-o", str(tmp_path / "o")])
         assert res.exit_code == 2, res.output
         assert needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_trained_suites_come_from_the_run_manifest(tmp_path):
+    """A run's final/ next to a training manifest whose config names suite 'bridge' -> ['bridge'] (so
+    lookup is held out); a directory without one -> None (unknown)."""
+    from memorywalker.evaluate import _trained_suites
+
+    (tmp_path / "run" / "final").mkdir(parents=True)
+    (tmp_path / "run" / "training_manifest.json").write_text(json.dumps({"config": {"suite": "bridge"}}))
+    (tmp_path / "other").mkdir()
+    assert _trained_suites(tmp_path / "run" / "final") == ["bridge"]
+    assert _trained_suites(tmp_path / "other") is None

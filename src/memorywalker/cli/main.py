@@ -21,6 +21,7 @@ app = typer.Typer(
 from memorywalker.cli import (  # noqa: E402
     bench_cmd,
     demo_cmd,
+    eval_cmd,
     export_cmd,
     gap_cmd,
     import_cmd,
@@ -34,6 +35,7 @@ from memorywalker.cli import (  # noqa: E402
 
 bench_cmd.register(app)
 demo_cmd.register(app)
+eval_cmd.register(app)
 export_cmd.register(app)
 gap_cmd.register(app)
 import_cmd.register(app)

@@ -1,0 +1,245 @@
+"""Closed-loop evaluation: run a checkpoint (and a baseline) on suites, count every trial, compare paired.
+
+    memorywalker eval --model runs/demo/rl-sdcc/final --baseline runs/demo/sft/final \\
+        --suites lookup,bridge --harness claude-code --n 16 --split test -o eval/
+
+Every planned episode is a trial: the same tasks with the same per-episode seeds for the model and the
+baseline (the plan of :func:`memorywalker.rollout.plan`), each written to ``DIR/<label>-<suite>.jsonl``.
+The report (``DIR/report.json``) is computed from those episodes only
+(:mod:`memorywalker.metrics.closed_loop`), so a test can recompute it; it pins what was evaluated (weights,
+base, tokenizer and template hashes, decoding, harness, environment). docs/eval.md defines every number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.metrics.closed_loop import failed_trial_row, per_task_acceptance, summarize, trial_row
+from memorywalker.metrics.stats import bonferroni, paired_bootstrap, paired_differences, z_of
+
+
+@dataclass
+class EvalConfig:
+    """What is evaluated and how; every field lands in the report."""
+
+    suites: tuple[str, ...] = ("lookup",)  # each is evaluated separately (retention: suites not trained on)
+    harness: str = "none"  # compression policy of the harness (HarnessConfig.name)
+    budget: int = 2048  # harness context budget in prompt tokens
+    max_steps: int = 32  # act calls per episode: running out is a failure (budget exhaustion)
+    max_context: int = 8192  # hard context window: overflowing it is a failure
+    n: int = 16  # tasks per suite
+    samples: int = 1  # episodes per task (each its own seed)
+    seed: int = 0  # run seed: the per-episode seeds derive from it, identically for model and baseline
+    split: str | None = "test"  # task split evaluated (None: all)
+    world_seed: int = 0
+    world_size: dict[str, int] = field(default_factory=dict)  # WebSearchEnv world size (the demo's is small)
+    temperature: float = 0.0  # decoding: 0 = greedy
+    max_new_tokens: int = 128  # decoding: response length limit (hitting it = a truncated proposal)
+    alpha: float = 0.05  # family-wise error level of the intervals
+    resamples: int = 10_000  # paired bootstrap resamples
+    device: str = "cpu"
+
+
+@dataclass
+class Candidate:
+    """A policy to evaluate, its tokenizer, and the hashes that pin it."""
+
+    label: str
+    policy: Any
+    tokenizer: Any
+    pins: dict[str, Any]
+    trained_suites: list[str] | None = None  # from the training manifest, when one is found
+
+
+def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) -> Candidate:
+    """``expert`` (the scripted solver; needs ``tokenizer``), a model directory, or an adapter directory
+    (``adapter_manifest.json`` inside: its base is loaded from the manifest and checked by hash)."""
+    from memorywalker.rollout import ExpertPolicy, HFPolicy
+
+    if spec == "expert":
+        if tokenizer is None:
+            raise ValueError("--model/--baseline expert needs --tokenizer DIR (or a model to take it from)")
+        return Candidate(label, ExpertPolicy(), tokenizer, {"policy": "expert", **_tokenizer_pins(tokenizer)})
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memorywalker.train.adapter import ADAPTER_MANIFEST, load_adapter
+    from memorywalker.train.refcache import weights_hash
+
+    path = Path(spec)
+    if not path.is_dir():
+        raise FileNotFoundError(2, "No such model directory", str(path))
+    manifest_path = path / ADAPTER_MANIFEST
+    pins: dict[str, Any] = {"policy": "hf", "path": str(path)}
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        base = AutoModelForCausalLM.from_pretrained(manifest["base_model"], dtype=torch.float32)
+        model = load_adapter(base, path)  # refuses a base whose weights hash differs from the manifest's
+        pins.update(adapter=str(path), base_model=manifest["base_model"], base_hash=manifest["base_model_hash"])
+        tok_dir = path if (path / "tokenizer_config.json").is_file() else manifest["base_model"]
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok_dir = path
+    model = model.to(cfg.device).eval()
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(tok_dir)
+    pins["weights_hash"] = weights_hash(model)  # with an adapter: base + adapter tensors as evaluated
+    pins.update(_tokenizer_pins(tok))
+    policy = HFPolicy.from_model(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    return Candidate(label, policy, tok, pins, _trained_suites(path))
+
+
+def _tokenizer_pins(tok) -> dict[str, str]:
+    from memorywalker.train.refcache import template_hash, tokenizer_hash
+
+    return {"tokenizer_hash": tokenizer_hash(tok), "template_hash": template_hash(tok)}
+
+
+def _trained_suites(model_dir: Path) -> list[str] | None:
+    """The suite an RL run trained on, from ``<run>/training_manifest.json`` next to ``<run>/final``."""
+    from memorywalker.train.manifest import MANIFEST_NAME
+
+    path = model_dir.parent / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    suite = (json.loads(path.read_text()).get("config") or {}).get("suite")
+    return [suite] if suite else []
+
+
+# --- running --------------------------------------------------------------------------------------------
+
+def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: Path) -> list[dict[str, Any]]:
+    """Run every planned episode of ``suite``; write the finished ones to ``out``; return one row per trial.
+
+    A trial whose policy backend fails for good (an endpoint timeout or dropped connection) is counted as
+    a failure row, not dropped.
+    """
+    from memorywalker.records import write_trajectories
+    from memorywalker.rollout import plan, run_episode
+
+    episodes = plan(env, suite, cfg.n, seed=cfg.seed, harness=harness.name, split=cfg.split, samples=cfg.samples)
+    rows, trajs = [], []
+    for e in episodes:
+        try:
+            traj = run_episode(env, e.task, cand.policy, cand.tokenizer, harness, seed=e.seed, episode_id=e.id,
+                               meta={"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label})
+        except (ConnectionError, TimeoutError) as err:  # EndpointError is a ConnectionError
+            rows.append(failed_trial_row(e.id, e.task.id, e.sample, f"{type(err).__name__}: {err}"))
+            continue
+        trajs.append(traj)
+        rows.append(trial_row(traj))
+    write_trajectories(out, trajs)
+    return rows
+
+
+def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candidate | None = None,
+             *, progress: bool = False) -> dict[str, Any]:
+    """Run ``model`` (and ``baseline``) on every suite; write episodes and ``report.json``; return the report."""
+    from memorywalker.rollout import HarnessConfig, WebSearchEnv
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    cands = [c for c in (model, baseline) if c is not None]
+    rows: dict[str, dict[str, list]] = {c.label: {} for c in cands}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cands) * len(cfg.suites), desc="eval", unit="suite")
+    for suite in cfg.suites:
+        for c in cands:
+            rows[c.label][suite] = run_suite(env, c, harness, cfg, suite, out / f"{c.label}-{suite}.jsonl")
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    report = build_report(cfg, rows, {c.label: c for c in cands}, env_config=env.config(),
+                          harness_config=asdict(harness))
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+# --- the report (pure over trial rows) --------------------------------------------------------------------
+
+def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands: dict[str, Candidate], *,
+                 env_config: dict, harness_config: dict) -> dict[str, Any]:
+    """Per model and suite: the summary numbers; with a baseline, the paired difference per suite at the
+    Bonferroni level alpha / (number of suites)."""
+    labels = list(rows)
+    m = len(cfg.suites)
+    alpha_each = bonferroni(cfg.alpha, m)
+    models = {}
+    for label in labels:
+        c = cands[label]
+        trained = c.trained_suites
+        models[label] = {
+            "pins": c.pins,
+            "decoding": c.policy.config(),
+            "trained_suites": trained,
+            "suites": {s: {**summarize(rows[label][s], z=z_of(cfg.alpha)),
+                           "held_out": None if trained is None else s not in trained,
+                           "trials_detail": rows[label][s]}
+                       for s in cfg.suites},
+        }
+    report: dict[str, Any] = {
+        "config": asdict(cfg),
+        "environment": env_config,
+        "harness": harness_config,
+        "models": models,
+    }
+    if len(labels) == 2:
+        a, b = labels
+        comparisons = {}
+        for s in cfg.suites:
+            diffs = paired_differences(per_task_acceptance(rows[a][s]), per_task_acceptance(rows[b][s]))
+            mean, lo, hi = paired_bootstrap(diffs, alpha=alpha_each, resamples=cfg.resamples, seed=cfg.seed)
+            comparisons[s] = {"tasks": len(diffs), "difference": mean, "ci": [lo, hi],
+                              "significant": not lo <= 0.0 <= hi}
+        report["paired"] = {"model": a, "baseline": b, "metric": "acceptance", "comparisons": m,
+                            "alpha_family": cfg.alpha, "alpha_each": alpha_each,
+                            "level": 1 - alpha_each, "suites": comparisons}
+    return report
+
+
+def report_tables(report: dict[str, Any]):
+    """The report as rich tables: per model and suite, then the paired comparison."""
+    from rich.table import Table
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    def cost(x: float | None, total: int) -> str:
+        return f"{x:.1f}" if x is not None else f"0 accepted, total {total}"
+
+    t = Table(title=f"memorywalker eval · harness {report['harness']['name']} · "
+                    f"{int(100 * (1 - report['config']['alpha']))}% intervals")
+    for col in ("model", "suite", "held out", "accepted", "acceptance [CI]", "valid", "malformed", "schema",
+                "undeclared", "truncated", "exec err", "SFA", "PRE", "tokens/accepted", "turns/accepted"):
+        t.add_column(col, justify="left" if col in ("model", "suite") else "right")
+    for label, mod in report["models"].items():
+        for suite, r in mod["suites"].items():
+            v = r["validity_rate"]
+            lo, hi = r["acceptance_ci"]
+            held = "?" if r["held_out"] is None else ("yes" if r["held_out"] else "no")
+            t.add_row(label, suite, held, f"{r['accepted']}/{r['trials']}",
+                      f"{pct(r['acceptance'])} [{pct(lo)}, {pct(hi)}]",
+                      *(pct(v[c]) for c in ("valid", "malformed_output", "schema_violation", "undeclared_tool",
+                                           "truncated_proposal", "tool_execution_error")),
+                      pct(r["sfa"]), pct(r["pre"]), cost(r["tokens_per_accepted"], r["tokens_total"]),
+                      cost(r["turns_per_accepted"], r["turns_total"]))
+    tables = [t]
+    if "paired" in report:
+        p = report["paired"]
+        pt = Table(title=f"paired: {p['model']} - {p['baseline']} (acceptance, same tasks and seeds; "
+                         f"{100 * p['level']:.2f}% = Bonferroni {p['alpha_family']}/{p['comparisons']})")
+        for col in ("suite", "tasks", "difference", "interval", "excludes 0"):
+            pt.add_column(col, justify="left" if col == "suite" else "right")
+        for suite, c in p["suites"].items():
+            pt.add_row(suite, str(c["tasks"]), f"{100 * c['difference']:+.1f} pts",
+                       f"[{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}]", "yes" if c["significant"] else "no")
+        tables.append(pt)
+    return tables

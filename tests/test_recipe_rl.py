@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from memorywalker.recipes.rl import RLConfig, train
+from test_recipe_dpo import check_manifest
 
 
 def even_token_share(traj) -> float:
@@ -32,10 +33,13 @@ def test_one_grpo_step_changes_every_parameter_and_starts_at_ratio_one(kit, tmp_
     assert [k for k in before if torch.equal(before[k], after[k])] == []
     m = result.metrics[0]
     assert m["episodes"] == 2 and m["groups_with_signal"] == 1.0 and m["reward_std"] > 0
-    # tree-mask is exact: the trainer's logprobs are the sampler's, so ρ = 1 and nothing is clipped.
+    # the default method (radix) is exact: the trainer's logprobs are the sampler's, so ρ = 1, no clipping.
     assert m["logprob_abs_diff"] < 1e-4 and m["mean_clipped"] == 0.0
     for key in ("reward_mean", "loss", "tokens", "seconds", "rollout_seconds", "k3_kl", "evictions_mean"):
         assert key in m
+    # the run directory's training manifest: every hash recomputed from the files; the 2 episodes listed
+    manifest = check_manifest(tmp_path, kit, inputs=[])
+    assert manifest["method"] == "radix" and len(manifest["records"]) == 2
 
 
 def test_resumed_rl_run_matches_an_uninterrupted_one(kit, tmp_path):

@@ -1,6 +1,7 @@
 """Trajectory records: schema v1, validation with reason codes, streaming JSONL I/O."""
 
 from memorywalker.records.builder import TrajectoryBuilder
+from memorywalker.records.derive import derive
 from memorywalker.records.io import (
     ReadSummary,
     TrajectoryReader,
@@ -24,6 +25,7 @@ from memorywalker.records.schema import (
 from memorywalker.records.validate import REASONS, RecordError, Reject, check_trajectory
 
 __all__ = [
+    "derive",
     "REASONS",
     "SCHEMA_VERSION",
     "Call",

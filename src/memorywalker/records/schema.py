@@ -124,9 +124,11 @@ class Lineage(_Strict):
 
     parent: str | None = None
     parent_call: str | None = None
-    relation: str | None = None  # "subagent" | "compaction" | "resume" | ...
+    relation: str | None = None  # "subagent" | "compaction" | "resume" | "derived" | ...
     source: str | None = None  # importer name or "rollout"
     source_path: str | None = None
+    transform: str | None = None  # derived records: the transform that made this one from ``parent``
+    transform_version: str | None = None  # ... and its version
 
 
 class Trajectory(_Strict):

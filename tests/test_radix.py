@@ -90,6 +90,27 @@ def test_merged_attention_equals_one_softmax(dtype, tol):
         assert (a - b).abs().max().item() <= 10 * tol
 
 
+@pytest.mark.parametrize("n_anc", [0, 2])
+def test_the_non_cpu_attention_path_equals_one_softmax(n_anc):
+    """The path other devices take (one SDPA over concatenated keys with a [c, A + c] mask; a root
+    segment with no ancestors: is_causal), run here on CPU against the same plain softmax."""
+    from memorywalker.attention.prefix import _masked_sdpa
+
+    g = torch.Generator().manual_seed(1)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    q, ks, vs = rnd(1, 4, 6, 8), rnd(1, 2, 6, 8), rnd(1, 2, 6, 8)
+    anc = [(rnd(1, 2, n, 8), rnd(1, 2, n, 8)) for n in (3, 11)[:n_anc]]
+    out = _masked_sdpa(q, ks, vs, anc, 0.3, n_rep=2)
+    ref = _reference_attention(q, ks, vs, anc, 0.3)
+    assert (out - ref).abs().max().item() <= 1e-12
+    leaves = [q, ks, vs] + [t for kv in anc for t in kv]
+    for a, b in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(ref.sum(), leaves), strict=True):
+        assert (a - b).abs().max().item() <= 1e-12
+
+
 def test_coalesce_concatenates_short_blocks_only():
     """Blocks of 3, 4, 3000, 5 keys with limit 8: [3+4], [3000] in place, [5]."""
     blocks = [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2)) for n in (3, 4, 3000, 5)]

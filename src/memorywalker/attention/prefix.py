@@ -126,6 +126,9 @@ class _MergedFlash(torch.autograd.Function):
 def _masked_sdpa(q, k_self, v_self, ancestors, scale: float, n_rep: int) -> torch.Tensor:
     """Any device: one SDPA over [ancestors ; self] with a [c, A + c] mask (all ancestors, causal self)."""
     B, c = q.shape[0], q.shape[2]
+    if not ancestors:  # a root segment: plain causal attention (flash / memory-efficient kernels, no mask)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, _rep(k_self, n_rep, B), _rep(v_self, n_rep, B), is_causal=True, scale=scale)
     keys = torch.cat([_rep(k, n_rep, B) for k, _ in ancestors] + [_rep(k_self, n_rep, B)], dim=2)
     values = torch.cat([_rep(v, n_rep, B) for _, v in ancestors] + [_rep(v_self, n_rep, B)], dim=2)
     a = keys.shape[2] - c

@@ -196,3 +196,27 @@ def test_filter_teacher_keeps_only_verified_successes(tokenizer):
     kept, stats = distill([eps[0], failed, eps[1]], "filter-teacher", teacher="expert")
     assert [t.lineage.parent for t in kept] == [eps[0].id, eps[1].id] and stats.records_out == 2
     assert filter_teacher(eps[0], teacher="hf") is None
+
+
+# --- CLI -------------------------------------------------------------------------------------------------
+
+def test_distill_cli_writes_derived_records_and_reports_expansion(tokenizer, kit, tmp_path):
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+    from memorywalker.records import write_trajectories
+
+    eps = _guided_episodes(tokenizer, n=2)
+    write_trajectories(tmp_path / "guided.jsonl", eps)
+    res = CliRunner().invoke(app, ["distill", "--strip-guidance", str(tmp_path / "guided.jsonl"), "--tokenizer",
+                                   str(kit[0]), "-o", str(tmp_path / "s.jsonl"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    out = read_trajectories(tmp_path / "s.jsonl")
+    tin = sum(len(c.context_tokens) + len(c.response_tokens) for t in eps for c in t.calls)
+    tout = sum(len(c.context_tokens) + len(c.response_tokens) for t in out for c in t.calls)
+    assert "2 of 2 records" in res.output and f"expansion {tout / tin:.3f}" in res.output
+    for args, needle in ((["distill", str(tmp_path / "guided.jsonl"), "-o", str(tmp_path / "x")], "exactly one of"),
+                         (["dagger", "--suite", "nope", "-o", str(tmp_path / "d")], "unknown suite 'nope'"),
+                         (["dagger", "--betas", "2", "-o", str(tmp_path / "d")], "--betas must lie in")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1, res.output

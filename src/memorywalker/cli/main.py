@@ -20,7 +20,9 @@ app = typer.Typer(
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
 from memorywalker.cli import (  # noqa: E402
     bench_cmd,
+    dagger_cmd,
     demo_cmd,
+    distill_cmd,
     eval_cmd,
     export_cmd,
     gap_cmd,
@@ -34,7 +36,9 @@ from memorywalker.cli import (  # noqa: E402
 )
 
 bench_cmd.register(app)
+dagger_cmd.register(app)
 demo_cmd.register(app)
+distill_cmd.register(app)
 eval_cmd.register(app)
 export_cmd.register(app)
 gap_cmd.register(app)

@@ -10,6 +10,7 @@ from memorywalker.rollout.compress import (
 )
 from memorywalker.rollout.env import Environment, StepResult, exact_match, normalize_answer, split_of
 from memorywalker.rollout.expert import ExpertPolicy
+from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
 from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
 from memorywalker.rollout.parse import parse_response
 from memorywalker.rollout.policies import (
@@ -30,11 +31,14 @@ ENVIRONMENTS = {"websearch": WebSearchEnv}
 __all__ = [
     "COMPRESSORS",
     "ENVIRONMENTS",
+    "FAULT_KINDS",
     "SUITES",
     "Compressor",
     "Environment",
     "Episode",
     "ExpertPolicy",
+    "FaultConfig",
+    "FaultInjector",
     "HFPolicy",
     "HarnessConfig",
     "OpenAIPolicy",

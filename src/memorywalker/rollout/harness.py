@@ -249,6 +249,7 @@ def run_episode(env: Environment, task: Task, policy: Policy, tokenizer, config:
         if error is not None:
             ep.history.append(ep.add("user", f"Error: {error}. Call a tool as {CALL_FORMAT}", author="environment"))
         for tc in ep.table[rid].tool_calls:
+            extra: dict[str, Any] = {}
             args = call_arguments(tc.arguments)
             if args is None:
                 obs = f"Error: the arguments of {tc.name} are not a JSON object."
@@ -257,10 +258,12 @@ def run_episode(env: Environment, task: Task, policy: Policy, tokenizer, config:
                 if obs is None:
                     result = env.step(tc.name, args)
                     obs = result.observation
+                    if "fault" in result.info:  # an injected fault (rollout/faults.py, opt-in) is tagged
+                        extra = {"meta": {"fault": result.info["fault"]}}
                     if result.done:
                         done, reward = True, result.reward
                         answer = result.info.get("answer")
-            ep.history.append(ep.add("tool", obs, author="environment", tool_call_id=tc.id, name=tc.name))
+            ep.history.append(ep.add("tool", obs, author="environment", tool_call_id=tc.id, name=tc.name, **extra))
             if done:
                 break
         if done:

@@ -1,0 +1,318 @@
+"""DAgger: label the states the learner visits, keep the verified labels, retrain, repeat.
+
+    memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --harness claude-code -o runs/dagger
+
+Round ``k`` (Ross et al. 2011, https://arxiv.org/abs/1011.0686):
+
+1. Roll out ``n`` training tasks under a compressing harness with a mixed policy: at every act call an
+   authorized labeler (the scripted expert, or any policy backend) proposes its action — the label — and
+   the learner proposes its own; the harness executes the labeler's with probability ``beta_k`` and the
+   learner's otherwise (``betas``, default: the labeler only in round 1, the learner only after).
+2. Verify each label: execute it in a separate copy of the environment and let the labeler continue from
+   there (no compression); the label is admitted only if that continuation earns reward 1.
+3. Each admitted label becomes a derived record (``lineage.transform = "dagger"``) of the rolled-out
+   episode: the call's delivered context, the label as the response. The aggregated dataset grows.
+4. Retrain the learner on the aggregated dataset (the SFT recipe, from the base model) and evaluate it
+   on held-out tasks (closed-loop, greedy, the same tasks and seeds each round).
+
+Reported per round: labels proposed/admitted, learner-state labels (states whose context holds a learner
+response), learner-state disagreement (learner proposal != label at states the learner's own actions
+reached), held-out reward with a paired interval against the previous round, and the token expansion
+ratio (tokens of derived records / tokens of the episodes they came from).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.data.distill import TransformStats, record_tokens
+from memorywalker.records.derive import derive
+from memorywalker.records.schema import Call, Message, ToolCall, Trajectory
+from memorywalker.rollout.env import Environment
+from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.parse import call_arguments, parse_response
+from memorywalker.rollout.policies import Policy, PolicyOutput, PolicyRequest
+
+TRANSFORM, VERSION = "dagger", "1"
+
+
+@dataclass
+class DaggerConfig:
+    """``memorywalker dagger``: every field lands in the report."""
+
+    suite: str = "lookup"  # web-search suite rolled out and evaluated
+    rounds: int = 2  # DAgger rounds (each: roll out, label, verify, retrain, evaluate)
+    n: int = 8  # training tasks rolled out per round
+    betas: tuple[float, ...] = (1.0, 0.0)  # beta_k: P(execute the labeler's action) in round k; last repeats
+    labeler: str = "expert"  # expert | hf:DIR | openai:URL (rollout.make_policy)
+    harness: str = "claude-code"  # compression policy of the rollouts
+    budget: int = 1024  # harness context budget in prompt tokens
+    max_steps: int = 8  # act calls per episode (rollouts, verification and evaluation)
+    max_context: int = 8192
+    temperature: float = 1.0  # learner sampling temperature in rollouts (evaluation is greedy)
+    max_new_tokens: int = 96  # learner response length limit
+    world_seed: int = 0
+    world_size: dict[str, int] = field(default_factory=dict)  # WebSearchEnv world size (small = easy)
+    eval_n: int = 8  # held-out tasks evaluated after every round (and before round 1)
+    eval_split: str = "test"
+    sft_steps: int = 20  # SFT steps per retraining (from the base model, on the aggregated dataset)
+    sft_lr: float = 3e-3
+    sft_batch_size: int = 4
+    method: str = "radix"  # SFT conditioning method
+    seed: int = 0
+    device: str = "cpu"
+
+    def beta(self, k: int) -> float:
+        """beta_k for round ``k`` (1-based)."""
+        return self.betas[min(k, len(self.betas)) - 1]
+
+
+# --- the mixed policy -------------------------------------------------------------------------------------
+
+def as_message(out: PolicyOutput, tokenizer) -> Message:
+    """A policy output as an assistant message (sampled token ids are decoded and parsed)."""
+    if out.message is not None:
+        return out.message
+    ids = list(out.token_ids or [])
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    parsed = parse_response(text)
+    return Message(id="", role="assistant", content=parsed.content if parsed.error is None else text,
+                   author="model", tool_calls=[ToolCall(id="", name=n, arguments=a) for n, a in parsed.tool_calls])
+
+
+def action_of(m: Message) -> tuple[str, Any] | None:
+    """(tool name, arguments) of a response's first tool call; None when it calls none.
+
+    >>> action_of(Message(id="", role="assistant", tool_calls=[ToolCall(id="", name="open", arguments='{"page": "x"}')]))
+    ('open', {'page': 'x'})
+    """
+    if not m.tool_calls:
+        return None
+    tc = m.tool_calls[0]
+    return tc.name, call_arguments(tc.arguments)
+
+
+def verify_label(labeler: Policy, request: PolicyRequest, label: Message, env: Environment, *,
+                 max_steps: int, tokenizer=None) -> tuple[bool, int]:
+    """Execute ``label`` in ``env`` (already reset on the task), let ``labeler`` (a copy in the state it
+    proposed the label from) continue without compression; (reward == 1, act calls used)."""
+    messages = list(request.messages)
+    msg = label
+    for step in range(max_steps):
+        if step:
+            out = labeler(PolicyRequest(prompt_ids=list(request.prompt_ids), messages=list(messages),
+                                        tools=list(request.tools), purpose="act",
+                                        call_index=request.call_index + step, seed=request.seed + step))
+            msg = as_message(out, tokenizer)
+        tcs = [tc.model_copy(update={"id": f"verify-{step}-{j}"}) for j, tc in enumerate(msg.tool_calls)]
+        messages.append(msg.model_copy(update={"id": f"verify-{step}", "tool_calls": tcs}))
+        if not tcs:
+            return False, step + 1
+        for tc in tcs:
+            args = call_arguments(tc.arguments)
+            result = env.step(tc.name, args if args is not None else {})
+            messages.append(Message(id=f"verify-{step}-{tc.id}-obs", role="tool", content=result.observation,
+                                    tool_call_id=tc.id, name=tc.name, author="environment"))
+            if result.done:
+                return result.reward == 1.0, step + 1
+    return False, max_steps
+
+
+class MixedPolicy:
+    """Executes the labeler's proposal with probability ``beta`` (per act call, seeded), else the
+    learner's; records the label of every act call, whether it verified, and the learner's proposal."""
+
+    name = "dagger-mixed"
+
+    def __init__(self, learner: Policy, labeler: Policy, beta: float, tokenizer, verify_env: Environment, *,
+                 max_steps: int):
+        self.learner, self.labeler, self.beta, self.tok = learner, labeler, beta, tokenizer
+        self.verify_env, self.max_steps = verify_env, max_steps
+        self.labels: list[dict[str, Any]] = []
+
+    def start(self, task) -> None:
+        self.task, self.labels = task, []
+        self.learner.start(task)
+        self.labeler.start(task)
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "beta": self.beta, "learner": self.learner.config(),
+                "labeler": self.labeler.config()}
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        use_labeler = call_seed(request.seed, "beta") / 2 ** 63 < self.beta
+        label_out = self.labeler(request)  # every call: a stateful labeler follows the whole episode
+        if request.purpose != "act":
+            return label_out if use_labeler else self.learner(request)
+        label = as_message(label_out, self.tok)
+        self.verify_env.reset(self.task)
+        ok, steps = verify_label(copy.deepcopy(self.labeler), request, label, self.verify_env,
+                                 max_steps=self.max_steps, tokenizer=self.tok)
+        learner_out = self.learner(request)
+        learner_action = action_of(as_message(learner_out, self.tok))
+        self.labels.append({"call_index": request.call_index, "label": label, "verified": ok,
+                            "verify_steps": steps, "executed": "labeler" if use_labeler else "learner",
+                            "agree": learner_action == action_of(label)})
+        out = label_out if use_labeler else learner_out
+        out.meta = {**out.meta, "dagger_executed": "labeler" if use_labeler else "learner"}
+        return out
+
+
+# --- labels to derived records -------------------------------------------------------------------------------
+
+def label_records(traj: Trajectory, labels: list[dict[str, Any]], renderer, *, round_k: int,
+                  beta: float) -> list[Trajectory]:
+    """One derived record per verified label: the call's delivered context, the label as the response."""
+    table = traj.message_table()
+    executed = {c.response: c.meta.get("dagger_executed") for c in traj.calls}
+    out = []
+    for lab in labels:
+        if not lab["verified"]:
+            continue
+        i = lab["call_index"]
+        call = traj.calls[i]
+        context = [table[m] for m in call.context]
+        learner_state = any(executed.get(m.id) == "learner" for m in context)
+        rid = f"label-{i}"
+        label: Message = lab["label"]
+        tcs = [tc.model_copy(update={"id": f"{rid}-tc{j}"}) for j, tc in enumerate(label.tool_calls)]
+        resp = label.model_copy(update={"id": rid, "tool_calls": tcs, "author": "model"})
+        new_call = Call(id="call-0", context=list(call.context), response=rid, tools=call.tools,
+                        purpose="act", meta={"labeled_call": call.id})
+        child = derive(traj, TRANSFORM, VERSION, index=i, messages=[*context, resp], calls=[new_call], evictions=[],
+                       reward=None, outcome={"label_verified": True, "verify_steps": lab["verify_steps"]},
+                       meta={**traj.meta, "dagger": {"round": round_k, "beta": beta, "labeled_call": call.id,
+                                                     "learner_state": learner_state, "agree": lab["agree"]}})
+        rc = renderer.render(child).calls[0]
+        if call.context_tokens is not None and list(call.context_tokens) != rc.tokens[: rc.prompt_len]:
+            raise ValueError(f"{traj.id} {call.id}: the recorded context does not re-render to its tokens")
+        done = new_call.model_copy(update={"context_tokens": rc.tokens[: rc.prompt_len],
+                                           "response_tokens": rc.tokens[rc.prompt_len:]})
+        out.append(child.model_copy(update={"calls": [done]}))
+    return out
+
+
+# --- rounds ------------------------------------------------------------------------------------------------
+
+@dataclass
+class RoundReport:
+    round: int
+    beta: float
+    episodes: int
+    episode_reward: float  # reward of the mixed-policy episodes
+    states: int  # act calls labeled
+    admitted: int  # labels that passed verification
+    learner_states: int  # admitted labels at states whose context holds a learner response
+    learner_state_disagreement: float | None  # learner proposal != label, over learner-reached states
+    dataset: int  # aggregated records after this round
+    tokens: dict[str, Any]  # token expansion of this round's labels
+    sft_loss: float | None
+    held_out_reward: float  # after retraining
+    paired_vs_previous: dict[str, Any]  # per-task difference vs the previous model, bootstrap interval
+
+
+def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
+    from memorywalker.evaluate import EvalConfig, load_candidate, run_suite
+
+    ecfg = EvalConfig(suites=(cfg.suite,), harness=cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps,
+                      max_context=cfg.max_context, n=cfg.eval_n, seed=cfg.seed, split=cfg.eval_split,
+                      world_seed=cfg.world_seed, world_size=cfg.world_size, temperature=0.0,
+                      max_new_tokens=cfg.max_new_tokens, device=cfg.device)
+    cand = load_candidate(model_dir, label, ecfg, tokenizer=tokenizer)
+    return run_suite(env, cand, harness, ecfg, cfg.suite, out / f"eval-{label}.jsonl")
+
+
+def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_dir: str | None = None,
+               progress: bool = False) -> dict[str, Any]:
+    """Run ``cfg.rounds`` DAgger rounds from the model at ``model_dir``; write every round's rollouts,
+    labels (``labels-k.jsonl``), SFT run and evaluation under ``out``; return (and write) the report."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.metrics.closed_loop import per_task_acceptance
+    from memorywalker.metrics.stats import paired_bootstrap, paired_differences
+    from memorywalker.recipes.sft import SFTConfig, train
+    from memorywalker.records.io import write_trajectories
+    from memorywalker.render import Renderer
+    from memorywalker.rollout import HarnessConfig, HFPolicy, WebSearchEnv, make_policy, plan, run_episode
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    renderer = Renderer(tok)
+    env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    verify_env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
+    base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)
+    report: dict[str, Any] = {"config": asdict(cfg), "model": model_dir, "held_out_reward_before": base_reward,
+                              "rounds": []}
+    dataset: list[Trajectory] = []
+    learner_dir = model_dir
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.rounds * cfg.n, desc="dagger", unit="ep")
+    for k in range(1, cfg.rounds + 1):
+        # --- roll out with the mixed policy, label, verify ------------------------------------------------
+        beta = cfg.beta(k)
+        learner = HFPolicy(learner_dir, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                           device=cfg.device, tokenizer=tok)
+        mixed = MixedPolicy(learner, make_policy(cfg.labeler), beta, tok, verify_env, max_steps=cfg.max_steps)
+        episodes = plan(env, cfg.suite, cfg.n, seed=call_seed(cfg.seed, "dagger-round", k), harness=harness.name,
+                        split="train")
+        trajs, labels, stats = [], [], TransformStats()
+        states = disagree = learner_reached = 0
+        for e in episodes:
+            traj = run_episode(env, e.task, mixed, tok, harness, seed=e.seed, episode_id=f"{e.id}-dagger{k}",
+                               meta={"run_seed": cfg.seed, "dagger_round": k})
+            trajs.append(traj)
+            executed = [lab["executed"] for lab in mixed.labels]
+            for j, lab in enumerate(mixed.labels):
+                states += 1
+                if "learner" in executed[:j]:  # a state the learner's own actions reached
+                    learner_reached += 1
+                    disagree += not lab["agree"]
+            recs = label_records(traj, mixed.labels, renderer, round_k=k, beta=beta)
+            labels += recs
+            stats.records_in += 1
+            stats.tokens_in += record_tokens(traj)
+            stats.records_out += len(recs)
+            stats.tokens_out += sum(record_tokens(r) for r in recs)
+            if bar is not None:
+                bar.update(1)
+        write_trajectories(out / f"rollouts-{k}.jsonl", trajs)
+        write_trajectories(out / f"labels-{k}.jsonl", labels)
+        dataset += labels
+
+        # --- retrain on the aggregated dataset, evaluate ---------------------------------------------------
+        sft_loss = None
+        if dataset:
+            result = train(SFTConfig(model=model_dir, tokenizer=tokenizer_dir, data=None, run_dir=str(out / f"sft-{k}"),
+                                     steps=cfg.sft_steps, lr=cfg.sft_lr, batch_size=min(cfg.sft_batch_size, len(dataset)),
+                                     method=cfg.method, seed=cfg.seed, device=cfg.device,
+                                     save_every=cfg.sft_steps),
+                           trajectories=dataset, progress=False)
+            learner_dir = str(result.final_dir)
+            sft_loss = result.metrics[-1]["loss"]
+        rows = _eval_rows(learner_dir, cfg, env, harness, out, f"round-{k}", tok)
+        diffs = paired_differences(per_task_acceptance(rows), per_task_acceptance(rows_prev))
+        mean, lo, hi = paired_bootstrap(diffs, seed=cfg.seed)
+        admitted_learner = sum(r.meta["dagger"]["learner_state"] for r in labels)
+        report["rounds"].append(asdict(RoundReport(
+            round=k, beta=beta, episodes=len(trajs), episode_reward=sum(t.reward or 0 for t in trajs) / len(trajs),
+            states=states, admitted=len(labels), learner_states=admitted_learner,
+            learner_state_disagreement=disagree / learner_reached if learner_reached else None,
+            dataset=len(dataset), tokens=stats.as_dict(), sft_loss=sft_loss,
+            held_out_reward=sum(r["accepted"] for r in rows) / len(rows),
+            paired_vs_previous={"tasks": len(diffs), "difference": mean, "ci95": [lo, hi]})))
+        rows_prev = rows
+    if bar is not None:
+        bar.close()
+    report["held_out_reward_after"] = report["rounds"][-1]["held_out_reward"]
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -19,6 +19,7 @@ app = typer.Typer(
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
 from memorywalker.cli import (  # noqa: E402
+    augment_cmd,
     bench_cmd,
     demo_cmd,
     eval_cmd,
@@ -33,6 +34,7 @@ from memorywalker.cli import (  # noqa: E402
     view_cmd,
 )
 
+augment_cmd.register(app)
 bench_cmd.register(app)
 demo_cmd.register(app)
 eval_cmd.register(app)

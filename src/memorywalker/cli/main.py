@@ -19,6 +19,7 @@ app = typer.Typer(
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
 from memorywalker.cli import (  # noqa: E402
+    acc_cmd,
     augment_cmd,
     bench_cmd,
     demo_cmd,
@@ -34,6 +35,7 @@ from memorywalker.cli import (  # noqa: E402
     view_cmd,
 )
 
+acc_cmd.register(app)
 augment_cmd.register(app)
 bench_cmd.register(app)
 demo_cmd.register(app)

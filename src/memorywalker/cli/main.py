@@ -19,6 +19,8 @@ app = typer.Typer(
 
 # --- subcommands (one module each; keep this list sorted) -------------------------------------------
 from memorywalker.cli import (  # noqa: E402
+    acc_cmd,
+    augment_cmd,
     bench_cmd,
     dagger_cmd,
     demo_cmd,
@@ -35,6 +37,8 @@ from memorywalker.cli import (  # noqa: E402
     view_cmd,
 )
 
+acc_cmd.register(app)
+augment_cmd.register(app)
 bench_cmd.register(app)
 dagger_cmd.register(app)
 demo_cmd.register(app)

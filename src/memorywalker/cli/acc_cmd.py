@@ -1,0 +1,41 @@
+"""``memorywalker compile-acc``: trajectories compiled into long-context QA records (docs/data-sources.md).
+
+    memorywalker compile-acc expert.jsonl -o acc.jsonl --budget 1024 --seed 0
+
+Train the output with the SFT recipe (``memorywalker sft ... data=acc.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compile-acc")(compile_acc_cmd)
+
+
+def compile_acc_cmd(
+    src: Path = typer.Argument(..., exists=True, dir_okay=False, help="websearch trajectory JSONL (schema v1)"),
+    output: Path = typer.Option(..., "-o", "--output", help="compiled QA records (JSONL)"),
+    budget: int = typer.Option(1024, "--budget", min=64, help="token budget B of the context (documents + question)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the distractor choice and the document order"),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="tokenizer dir (default: the kit's)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+) -> None:
+    """Opened pages (gold) + unvisited results (distractors), shuffled and packed to B; question; notes + answer."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.data.acc import compile_file
+
+    if tokenizer is None:
+        from memorywalker.modelkit import default_kit
+
+        tokenizer, _ = default_kit()
+    summary = compile_file(src, output, AutoTokenizer.from_pretrained(tokenizer), budget=budget, seed=seed,
+                           progress=progress)
+    typer.echo(json.dumps(summary))
+    if not summary["written"]:
+        raise ValueError(f"{src}: no record compiled ({summary['rejected']})")

@@ -220,3 +220,30 @@ def test_distill_cli_writes_derived_records_and_reports_expansion(tokenizer, kit
                          (["dagger", "--betas", "2", "-o", str(tmp_path / "d")], "--betas must lie in")):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_rollout_cli_injects_faults_only_when_asked(tmp_path):
+    """`rollout --fault-rate 0.5`: faulted tool messages are tagged meta.fault with a known kind and the
+    recorded environment config names the faults; without the option no message is tagged; an unknown
+    kind is one line with exit 2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    def run(path, *extra):
+        return CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--n", "3", "--no-progress",
+                                        "-o", str(path), *extra])
+
+    faulted, plain = tmp_path / "f.jsonl", tmp_path / "p.jsonl"
+    assert run(faulted, "--fault-rate", "0.5", "--fault-kinds", "error").exit_code == 0
+    assert run(plain).exit_code == 0
+    kinds = [m["meta"]["fault"] for line in faulted.read_text().splitlines()
+             for m in json.loads(line)["messages"] if (m.get("meta") or {}).get("fault")]
+    assert kinds and set(kinds) == {"error"}
+    assert not any((m.get("meta") or {}).get("fault") for line in plain.read_text().splitlines()
+                   for m in json.loads(line)["messages"])
+    bad = run(tmp_path / "b.jsonl", "--fault-rate", "0.5", "--fault-kinds", "boom")
+    assert bad.exit_code == 2 and "unknown fault kinds ['boom']" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1

@@ -45,6 +45,9 @@ def rollout_cmd(
                                 help="openai: retries of a refused connection, timeout or 5xx (backoff 1, 2, 4 s...)"),
     override_config: bool = typer.Option(False, "--override-config",
                                          help="append to an output whose episodes used another configuration"),
+    fault_rate: float = typer.Option(0.0, "--fault-rate", min=0.0, max=1.0,
+                                     help="inject tool faults into this share of search/open calls (0 = off)"),
+    fault_kinds: str = typer.Option("error,timeout,stale", "--fault-kinds", help="comma-separated fault kinds"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Roll out N tasks of a suite with a policy backend under a compression policy; record every call."""
@@ -85,6 +88,15 @@ def rollout_cmd(
     config = HarnessConfig(harness, budget=budget, watermark=watermark, keep_recent=keep_recent,
                            max_steps=max_steps, max_context=max_context)
     environment = ENVIRONMENTS[env](world_seed=world_seed)
+    if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
+        from memorywalker.rollout.faults import FaultConfig, FaultInjector
+
+        try:
+            faults = FaultConfig(rate=fault_rate, kinds=tuple(k.strip() for k in fault_kinds.split(",") if k.strip()),
+                                 seed=seed)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        environment = FaultInjector(environment, faults)
     try:
         _, summary = rollout(environment, pol, tok, config, suite=suite, n=n, seed=seed, split=split,
                              samples=samples, out=output, progress=progress, override_config=override_config)

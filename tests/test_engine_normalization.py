@@ -91,3 +91,29 @@ def test_splitting_an_episode_into_more_segments_gains_no_weight(renderer, model
                               torch.from_numpy(batch.targets.trajectory), "trajectory")
         mass = np.bincount(batch.targets.trajectory, weights=coef.numpy()) / den.item()
         np.testing.assert_allclose(mass, [0.5, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("split", [[[0], [1, 2]], [[0, 1], [2]]])
+def test_logged_step_metrics_equal_the_whole_steps_for_any_micro_batching(model, renderer, split):
+    """One step run as one micro-batch (grad_accum 1) or as two of unequal size (grad_accum 2) logs the
+    same numbers: each micro-batch's mean weighs by its count (targets compared with the rollout, targets
+    trained, sdcc students), *_max take the max, tv_bound = sqrt(eps_kl_mean / 2) of the step's mean.
+    Hand example: means 0.1 over 1 target and 0.5 over 3 give (0.1 + 3·0.5) / 4 = 0.4, not 0.3 (the
+    equal-weight average the reducer used to log). The trees here have very different target counts."""
+    from memorywalker.train.step import reduce_step_metrics
+
+    batch = random_batch(renderer, seed=4)
+    n = len(batch.targets)
+    batch.targets.rollout_logprob[:] = -1.0 - 0.25 * (np.arange(n) % 5)  # a sampler the trainer disagrees with
+    batch.targets.advantage[:] = np.where(np.arange(n) % 3 == 0, 1.0, -0.5)
+    cfg = EngineConfig(method="sdcc", objective="ppo", tis_cap=2.0)
+    with one_thread():
+        whole = reduce_step_metrics([run(model, batch, cfg, backward=False).metrics])
+        micro = batch.split(split)
+        dens = step_denominators(micro, cfg)
+        parts = reduce_step_metrics([run(model, mb, cfg, backward=False, denominators=dens).metrics for mb in micro])
+    keys = ("logprob_abs_diff", "k3_kl", "chi2_token", "log_ppl_abs_diff", "eps_kl_mean", "eps_kl_max", "tv_bound",
+            "tv_bound_max", "mean_ratio", "mean_clipped", "mean_tis_weight", "loss", "targets", "processed_tokens")
+    for key in keys:
+        assert abs(whole[key] - parts[key]) <= 1e-6 * max(1.0, abs(whole[key])), (key, whole[key], parts[key])
+    assert whole["logprob_abs_diff"] > 0.1 and whole["eps_kl_mean"] > 0 and 0 < whole["mean_clipped"] < 1

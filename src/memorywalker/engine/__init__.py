@@ -16,9 +16,9 @@ API::
 * ``result.weight`` — float32 [N], the weights trained with (0 on lost targets);
 * ``result.metrics`` — ``forwards``, ``backwards``, ``tokens`` (the layout's), ``processed_tokens``
   (what the forwards ran, radix batch padding included), ``buffers``, ``targets``,
-  ``lost_targets``, objective stats (``mean_ratio``, ``mean_clipped``, ``mean_tis_weight``), gap
-  metrics against recorded rollout logprobs (``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
-  ``log_ppl_abs_diff``) and for ``sdcc`` ``eps_kl_mean``, ``eps_kl_max``, ``tv_bound`` (= sqrt(eps_kl/2),
+  ``lost_targets``, objective stats (``mean_ratio``, ``mean_clipped``, ``mean_tis_weight``, over
+  ``trained_targets``), gap metrics against recorded rollout logprobs (``logprob_abs_diff``, ``k3_kl``,
+  ``chi2_token`` over ``compared_targets``; ``log_ppl_abs_diff`` over ``compared_calls``) and for ``sdcc`` ``eps_kl_mean``, ``eps_kl_max``, ``tv_bound`` (= sqrt(eps_kl/2),
   Pinsker), ``tv_bound_max``, ``students``, ``unmatched_calls``. Tensors stay on the device: the
   recipe syncs and logs once.
 * ``result.eps_kl`` — sdcc: [J] the mean per-token KL of each student.

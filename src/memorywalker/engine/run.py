@@ -270,13 +270,20 @@ def _metrics(batch: Batch, layout: Layout, passes: dict[str, int], logprobs: tor
         "targets": len(batch.targets),
         "lost_targets": int(layout.lost.sum()),
     }
+    # Each mean comes with the count it is over, so a step's micro-batches combine by weighting with it
+    # (train/step.py ``reduce_step_metrics``): trained_targets for mean_*, compared_* for the gap metrics.
     trained = torch.from_numpy(layout.weight > 0).to(logprobs.device)
     for k, v in stats.items():
         ok = trained & torch.isfinite(v)
         out[f"mean_{k}"] = torch.where(ok, v, torch.zeros_like(v)).sum() / ok.sum()
+        out["trained_targets"] = ok.sum()
     if np.isfinite(batch.targets.rollout_logprob).any():
         rollout = torch.from_numpy(batch.targets.rollout_logprob).to(logprobs.device)
-        out.update(gap_metrics(logprobs, rollout, torch.from_numpy(batch.targets.call).to(logprobs.device)))
+        call = torch.from_numpy(batch.targets.call).to(logprobs.device)
+        out.update(gap_metrics(logprobs, rollout, call))
+        compared = torch.isfinite(logprobs) & torch.isfinite(rollout)
+        out["compared_targets"] = compared.sum()
+        out["compared_calls"] = torch.unique(call[compared]).numel()
     if eps_kl is not None:
         out["students"] = len(eps_kl)
         out["unmatched_calls"] = len(layout.unmatched_calls)

@@ -19,10 +19,16 @@ from memorywalker.train.fsdp import full_norm, is_sharded, sync_gradients
 
 T = TypeVar("T")
 
-# Engine metrics that add up over micro-batches and ranks; ``*_max`` take the max, the rest the mean.
-SUMMED = ("loss", "forwards", "backwards", "tokens", "buffers", "targets", "lost_targets", "students",
-          "unmatched_calls")
-
+# Engine metrics that add up over micro-batches and ranks.
+SUMMED = ("loss", "forwards", "backwards", "tokens", "processed_tokens", "buffers", "targets", "lost_targets",
+          "students", "unmatched_calls", "trained_targets", "compared_targets", "compared_calls")
+# Means and the count each is over: a step's value is the count-weighted mean of its micro-batches'.
+WEIGHTED = {"logprob_abs_diff": "compared_targets", "k3_kl": "compared_targets", "chi2_token": "compared_targets",
+            "log_ppl_abs_diff": "compared_calls", "eps_kl_mean": "students", "mean_ratio": "trained_targets",
+            "mean_clipped": "trained_targets", "mean_tis_weight": "trained_targets"}
+# Functions of a reduced mean or max, recomputed from it: Pinsker's bound sqrt(eps_kl / 2).
+DERIVED = {"tv_bound": ("eps_kl_mean", lambda x: math.sqrt(x / 2)),
+           "tv_bound_max": ("eps_kl_max", lambda x: math.sqrt(x / 2))}
 
 @dataclass
 class TrainResult:
@@ -75,24 +81,41 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, 
 
 
 def reduce_step_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Combine the engine metrics of this rank's micro-batches with every other rank's.
+    """Combine the engine metrics of this rank's micro-batches with every other rank's, so that the
+    result is what one engine call on the whole step would report, however the step is split.
 
-    ``SUMMED`` keys add up, ``*_max`` keys take the max, the rest average over the micro-batches that
-    report a finite value. Syncs tensors to floats once, here.
+    ``SUMMED`` keys add up; ``*_max`` keys take the max; a ``WEIGHTED`` mean is weighted by its count
+    (micro-batch means m_i over n_i items: Σ n_i m_i / Σ n_i); a ``DERIVED`` key is recomputed from its
+    reduced source; any other key averages over the micro-batches that report a finite value. Syncs
+    tensors to floats once, here.
+
+    Two micro-batches, one target with |Δlogp| 0.1 and three with mean 0.5: the step's mean is
+    (1·0.1 + 3·0.5) / 4 = 0.4, not (0.1 + 0.5) / 2 = 0.3.
+
+    >>> out = reduce_step_metrics([{"logprob_abs_diff": 0.1, "compared_targets": 1},
+    ...                            {"logprob_abs_diff": 0.5, "compared_targets": 3}])
+    >>> round(out["logprob_abs_diff"], 6), out["compared_targets"]
+    (0.4, 4.0)
     """
     plain = [{k: float(v) for k, v in r.items()} for r in rows]
     every = [r for rank_rows in gather_objects(plain) for r in rank_rows]
     out: dict[str, float] = {}
-    for key in sorted({k for r in every for k in r}):
+    for key in sorted({k for r in every for k in r} - set(DERIVED)):
         vals = [r[key] for r in every if key in r and math.isfinite(r[key])]
         if key in SUMMED:
             out[key] = sum(vals)
         elif key.endswith("_max"):
             out[key] = max(vals) if vals else math.nan
+        elif key in WEIGHTED and all(WEIGHTED[key] in r for r in every if key in r):
+            pairs = [(r[WEIGHTED[key]], r[key]) for r in every if key in r and r[WEIGHTED[key]] > 0]
+            n = sum(w for w, _ in pairs)
+            out[key] = sum(w * v for w, v in pairs) / n if n else math.nan
         else:
             out[key] = sum(vals) / len(vals) if vals else math.nan
+    for key, (source, fn) in DERIVED.items():
+        if any(key in r for r in every):
+            out[key] = fn(out[source]) if math.isfinite(out.get(source, math.nan)) else math.nan
     return out
-
 
 def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     """Linear warmup to ``lr`` over ``warmup_steps`` optimizer steps, then constant.

@@ -50,3 +50,39 @@ def test_resumed_rl_run_matches_an_uninterrupted_one(kit, tmp_path):
     b = load_file(str(tmp_path / "parts" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert parts.metrics[0]["reward_mean"] == whole.metrics[1]["reward_mean"]
+
+
+def shifted_sampler(shift: float):
+    """A reward function that also makes the sampler's records disagree with the collecting policy by a
+    known amount: every recorded rollout logprob moves by ``shift`` (the reward hook sees each episode
+    before it is rendered into the batch)."""
+    def reward(traj) -> float:
+        for c in traj.calls:
+            if c.rollout_logprobs is not None:
+                c.rollout_logprobs = [lp + shift for lp in c.rollout_logprobs]
+        return even_token_share(traj)
+    return reward
+
+
+def test_tis_cap_weighs_by_old_over_rollout_and_ratio_is_against_the_collecting_policy(kit, tmp_path):
+    """With ``tis_cap`` the trainer recomputes the collecting policy once per step (π_old). For the exact
+    method the first epoch's π_θ = π_old, so ρ = 1 exactly, whatever the sampler recorded; the TIS weight
+    is min(π_old / π_rollout, C) = min(exp(−shift), C): exp(−0.3) = 0.7408 for records 0.3 too high, and
+    min(exp(1), 2) = 2 for records 1.0 too low. Without the recomputation the weight was exp(0) = 1."""
+    high = train(config(kit, tmp_path / "high", tis_cap=2.0), reward_fn=shifted_sampler(0.3), progress=False)
+    m = high.metrics[0]
+    assert abs(m["mean_ratio"] - 1.0) < 1e-6 and m["mean_clipped"] == 0.0
+    assert abs(m["mean_tis_weight"] - torch.exp(torch.tensor(-0.3)).item()) < 1e-3
+    assert abs(m["logprob_abs_diff"] - 0.3) < 1e-3  # the gap to the records is still logged against them
+    low = train(config(kit, tmp_path / "low", tis_cap=2.0), reward_fn=shifted_sampler(-1.0), progress=False)
+    assert abs(low.metrics[0]["mean_tis_weight"] - 2.0) < 1e-6 and abs(low.metrics[0]["mean_ratio"] - 1.0) < 1e-6
+
+
+def test_tis_weight_differs_from_one_under_a_trainer_sampler_mismatch(kit, tmp_path):
+    """dfs under eviction pressure trains on contexts the sampler did not see: π_old (dfs's recomputation)
+    differs from π_rollout, so the TIS weight moves off 1, while ρ = π_θ / π_old is 1 in the first epoch."""
+    res = train(config(kit, tmp_path, method="dfs", tis_cap=2.0, budget=400, watermark=0.5, max_turns=4),
+                reward_fn=even_token_share, progress=False)
+    m = res.metrics[0]
+    assert m["evictions_mean"] > 0 and m["logprob_abs_diff"] > 1e-3
+    assert abs(m["mean_ratio"] - 1.0) < 1e-6 and abs(m["mean_tis_weight"] - 1.0) > 1e-5

@@ -12,7 +12,9 @@ Each step:
 2. **Group.** The episodes of one task form one forest (a GRPO group); the reward of each episode is
    the environment's exact-match score, and advantages are group-relative (the engine's ``grpo``).
 3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
-   ratio ρ = p_train / p_rollout clipped to [1 − clip_low, 1 + clip_high]. The first epoch's
+   ratio ρ = p_train / p_rollout clipped to [1 − clip_low, 1 + clip_high]; with ``tis_cap`` C the ratio
+   is against the trainer's recomputation of the collecting policy, ρ = p_train / p_old, and the loss is
+   weighted by min(p_old / p_rollout, C) (truncated importance sampling, ``mean_tis_weight``). The first epoch's
    per-token gap to the rollout logprobs (``logprob_abs_diff``, ``k3_kl``…) is logged: it is the
    train/rollout mismatch the method introduces. ``sdcc`` adds λ·KL(full view ‖ compressed) and logs
    ``eps_kl_mean``.
@@ -92,7 +94,10 @@ class RLConfig(TrainConfig):
     ppo_epochs: int = 1  # optimizer steps per batch of rollouts
     clip_low: float = 0.2  # PPO ε below 1
     clip_high: float = 0.2  # PPO ε above 1 (DAPO clip-higher: 0.28)
-    tis_cap: float | None = None  # truncated importance sampling cap on p_train/p_rollout; None = off
+    # Truncated importance sampling cap C; None = off. When set, the policy that collected the batch is
+    # recomputed by the trainer once per step (π_old): PPO's ratio is π_θ/π_old and each target's loss is
+    # weighted by min(π_old/π_rollout, C), detached. Off: the ratio is π_θ/π_rollout.
+    tis_cap: float | None = None
     grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
     truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
     run_dir: str = "runs/rl"
@@ -196,7 +201,15 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
                  for groups in micro_groups]
         episodes = [t for groups in micro_groups for g in groups for t in g]
 
-        # 3. update: ppo_epochs optimizer steps, ratios against the rollout logprobs
+        # 3. update: ppo_epochs optimizer steps. With tis_cap, ratios are against the collecting policy as
+        # the trainer computes it (old logprobs, recomputed once here) and TIS weighs by min(π_old/π_rollout,
+        # C); without, the ratio is against the rollout logprobs (the sampler's numbers).
+        if cfg.tis_cap is not None:
+            dens = step_denominators(micro, engine)
+            with gathered(model):
+                for mb in micro:  # [N] per mb.targets row; NaN where the method lost a target (rollout used)
+                    mb.old_logprob = run(engine_model(model), mb, engine, backward=False,
+                                         denominators=dens).logprobs.cpu().numpy()
         first = None
         for epoch in range(cfg.ppo_epochs):
             dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing

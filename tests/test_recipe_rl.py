@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from memorywalker.recipes.rl import RLConfig, train
@@ -86,3 +88,11 @@ def test_tis_weight_differs_from_one_under_a_trainer_sampler_mismatch(kit, tmp_p
     m = res.metrics[0]
     assert m["evictions_mean"] > 0 and m["logprob_abs_diff"] > 1e-3
     assert abs(m["mean_ratio"] - 1.0) < 1e-6 and abs(m["mean_tis_weight"] - 1.0) > 1e-5
+
+
+def test_rl_rejects_a_sampling_temperature_the_ratio_does_not_match():
+    """Rollout logprobs and the trainer's are untempered, so sampling at T != 1 would put the PPO ratio
+    against a policy that did not sample: the recipe refuses it, naming the reason; T = 1 is accepted."""
+    with pytest.raises(ValidationError, match="untempered"):
+        RLConfig(temperature=0.7)
+    assert RLConfig(temperature=1.0).temperature == 1.0

@@ -88,7 +88,9 @@ class RLConfig(TrainConfig):
     keep_recent: int = 1  # most recent steps protected from pruning, folding and offloading
     max_turns: int = 8  # act calls per episode
     max_context: int = 8192  # hard window: a longer prompt ends the episode
-    temperature: float = 1.0  # sampling temperature (rollout logprobs are of the untempered distribution)
+    # Sampling temperature: 1.0 only. Rollout logprobs are of the untempered distribution and the trainer
+    # computes untempered ones, so at T != 1 the PPO ratio would not be against the policy that sampled.
+    temperature: float = 1.0
     max_new_tokens: int = 128  # response length limit per call
     # --- objective
     ppo_epochs: int = 1  # optimizer steps per batch of rollouts
@@ -109,6 +111,15 @@ class RLConfig(TrainConfig):
         from memorywalker.rollout import make_compressor
 
         make_compressor(v)  # raises with the valid names
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if v != 1.0:
+            raise ValueError(f"temperature={v}: the RL recipe samples at 1.0 only; rollout logprobs and the "
+                             "trainer's are of the untempered distribution, so at T != 1 the PPO ratio would "
+                             "not be against the sampling policy (docs/rollouts.md, 'Temperature')")
         return v
 
     @field_validator("env")

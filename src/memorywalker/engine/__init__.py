@@ -15,7 +15,7 @@ API::
 * ``result.logprobs`` — float32 [N], per target of ``batch.targets`` (NaN where the method lost it);
 * ``result.weight`` — float32 [N], the weights trained with (0 on lost targets);
 * ``result.metrics`` — ``forwards``, ``backwards``, ``tokens`` (the layout's), ``processed_tokens``
-  (what the forwards ran, radix batch padding included), ``buffers``, ``targets``,
+  (what the forwards ran: a masked buffer padded to its backend's multiple), ``buffers``, ``targets``,
   ``lost_targets``, objective stats (``mean_ratio``, ``mean_clipped``, ``mean_tis_weight``, over
   ``trained_targets``), gap metrics against recorded rollout logprobs (``logprob_abs_diff``, ``k3_kl``,
   ``chi2_token`` over ``compared_targets``; ``log_ppl_abs_diff`` over ``compared_calls``) and for ``sdcc`` ``eps_kl_mean``, ``eps_kl_max``, ``tv_bound`` (= sqrt(eps_kl/2),

@@ -30,8 +30,8 @@ def model_device(model) -> torch.device:
 
 def forward_masked(model, buf: Buffer, labels: torch.Tensor, backend: Backend
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run ``model`` on ``buf`` in one forward under its explicit ancestor mask; return (log p(label) per buffer target [M] float32, logits at the
-    buffer's KL positions [J, V] or None).
+    """Run ``model`` on ``buf`` in one forward under its explicit ancestor mask; return (log p(label)
+    per buffer target [M] float32, logits at the buffer's KL positions [J, V] or None).
 
     ``labels`` int64 [M] are the target token ids (aligned to ``buf.target_row``). Logits are computed
     only at the positions that predict something (``logits_to_keep``), the softmax in float32.
@@ -69,7 +69,7 @@ class BufferOutput:
     logprob: torch.Tensor  # float32 [M] log p(label) of the buffer's targets (aligned to buffer.target_row)
     kl_logits: torch.Tensor | None  # [J, V] logits at the buffer's KL positions
     forwards: int  # model forwards this buffer took
-    tokens: int  # tokens those forwards processed (radix batches: padding included)
+    tokens: int  # tokens those forwards processed (a masked buffer: padded to the backend's multiple)
 
 
 def forward_layout(model, layout: Layout, labels: torch.Tensor, method: Method, max_tokens: int,

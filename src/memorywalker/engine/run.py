@@ -265,7 +265,7 @@ def _metrics(batch: Batch, layout: Layout, passes: dict[str, int], logprobs: tor
         "forwards": passes["forwards"],
         "backwards": passes["backwards"],
         "tokens": layout.tokens,  # the layout's tokens (what the forwards see)
-        "processed_tokens": passes["tokens"],  # what the forwards ran: radix batch padding included
+        "processed_tokens": passes["tokens"],  # what the forwards ran: masked buffers padded to the backend's multiple
         "buffers": len(layout.buffers),
         "targets": len(batch.targets),
         "lost_targets": int(layout.lost.sum()),
@@ -274,8 +274,9 @@ def _metrics(batch: Batch, layout: Layout, passes: dict[str, int], logprobs: tor
     # (train/step.py ``reduce_step_metrics``): trained_targets for mean_*, compared_* for the gap metrics.
     trained = torch.from_numpy(layout.weight > 0).to(logprobs.device)
     for k, v in stats.items():
-        ok = trained & torch.isfinite(v)
+        ok = trained & torch.isfinite(v)  # every objective stat is set on the same trained targets
         out[f"mean_{k}"] = torch.where(ok, v, torch.zeros_like(v)).sum() / ok.sum()
+    if stats:
         out["trained_targets"] = ok.sum()
     if np.isfinite(batch.targets.rollout_logprob).any():
         rollout = torch.from_numpy(batch.targets.rollout_logprob).to(logprobs.device)

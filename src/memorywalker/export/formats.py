@@ -29,6 +29,7 @@ from typing import Any
 
 from memorywalker.records.schema import Message, Trajectory
 from memorywalker.render.render import message_to_hf, tools_to_hf
+from memorywalker.rollout.parse import call_arguments
 from memorywalker.tree.segments import message_segments
 
 FORMATS = ("openai", "parquet", "trl")
@@ -160,11 +161,8 @@ def _args_text(args: dict | str) -> str:
 
 def _args_value(text: str) -> dict | str:
     """Inverse of :func:`_args_text` for schema-v1 arguments (a JSON object, or a string that is not one)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict) else text
+    value = call_arguments(text)
+    return text if value is None else value
 
 
 def _args_as_text(m: dict) -> dict:

@@ -45,10 +45,8 @@ from memorywalker.objectives.preference import dpo_loss
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.train.adapter import (
-    apply_adapter,
     engine_model,
     is_adapted,
-    trainable_parameters,
     write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
@@ -63,6 +61,7 @@ from memorywalker.train.step import (
     TrainResult,
     check_divisible,
     optimizer_step,
+    prepare_training,
     rank_micro_batches,
     reduce_step_metrics,
     warmup_lr,
@@ -226,9 +225,7 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
     del ref_model
 
     # --- model: adapter, optimizer, resume ----------------------------------------------------------------
-    model = apply_adapter(model, cfg.adapter)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    model, optimizer = prepare_training(model, cfg, info)  # adapter, then AdamW (dpo refuses fsdp)
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start = state["step"] if state else 0
     if info.is_main:

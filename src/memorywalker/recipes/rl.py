@@ -47,16 +47,14 @@ from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
 from memorywalker.rollout.harness import call_seed
 from memorywalker.train.adapter import (
-    apply_adapter,
     engine_model,
     is_adapted,
-    trainable_parameters,
     write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
-from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
+from memorywalker.train.fsdp import gathered, save_model, save_step
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
@@ -66,6 +64,7 @@ from memorywalker.train.step import (
     TrainResult,
     check_divisible,
     optimizer_step,
+    prepare_training,
     rank_micro_batches,
     reduce_step_metrics,
     warmup_lr,
@@ -158,10 +157,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
-    model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
-    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
     if info.is_main:

@@ -31,16 +31,14 @@ from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.train.adapter import (
-    apply_adapter,
     engine_model,
     is_adapted,
-    trainable_parameters,
     write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
-from memorywalker.train.fsdp import gathered, parallelize, save_model, save_step
+from memorywalker.train.fsdp import gathered, save_model, save_step
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows, write_training_manifest
 from memorywalker.train.model import load_model
@@ -50,6 +48,7 @@ from memorywalker.train.step import (
     TrainResult,
     check_divisible,
     optimizer_step,
+    prepare_training,
     rank_micro_batches,
     reduce_step_metrics,
     warmup_lr,
@@ -108,10 +107,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.train()
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
-    model = apply_adapter(model, cfg.adapter)  # adapter.kind=lora: only the adapter trains
-    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
     start = state["step"] if state else 0
 

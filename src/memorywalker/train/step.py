@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from memorywalker.train.adapter import apply_adapter, trainable_parameters
 from memorywalker.train.distributed import DistInfo, allreduce_gradients, gather_objects
-from memorywalker.train.fsdp import full_norm, is_sharded, sync_gradients
+from memorywalker.train.fsdp import full_norm, is_sharded, parallelize, sync_gradients
 
 T = TypeVar("T")
 
@@ -29,6 +30,7 @@ WEIGHTED = {"logprob_abs_diff": "compared_targets", "k3_kl": "compared_targets",
 # Functions of a reduced mean or max, recomputed from it: Pinsker's bound sqrt(eps_kl / 2).
 DERIVED = {"tv_bound": ("eps_kl_mean", lambda x: math.sqrt(x / 2)),
            "tv_bound_max": ("eps_kl_max", lambda x: math.sqrt(x / 2))}
+
 
 @dataclass
 class TrainResult:
@@ -56,6 +58,18 @@ def rank_micro_batches(items: Sequence[T], info: DistInfo, grad_accum: int) -> l
     size = check_divisible(len(items), info, grad_accum, "items per step")
     mine = list(items[info.rank * size * grad_accum:(info.rank + 1) * size * grad_accum])
     return [mine[i * size:(i + 1) * size] for i in range(grad_accum)]
+
+
+def prepare_training(model: torch.nn.Module, cfg, info: DistInfo
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model a recipe trains and its AdamW: the adapter applied first (``adapter.kind=lora``: only
+    it trains), then sharded (``parallel=fsdp``) or given activation checkpointing, then the optimizer
+    over the trainable parameters. Hash the base weights before calling this (the manifests pin them)."""
+    model = apply_adapter(model, cfg.adapter)
+    model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
+    return model, optimizer
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lr: float,
@@ -116,6 +130,7 @@ def reduce_step_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
         if any(key in r for r in every):
             out[key] = fn(out[source]) if math.isfinite(out.get(source, math.nan)) else math.nan
     return out
+
 
 def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     """Linear warmup to ``lr`` over ``warmup_steps`` optimizer steps, then constant.

@@ -39,7 +39,7 @@ import torch
 from pydantic import field_validator
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, Denominators, EngineConfig, run
+from memorywalker.engine import Batch, Denominators, EngineConfig, get_method, run
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
 from memorywalker.records.io import TrajectoryReader
@@ -198,7 +198,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 
     # --- pairs: render, admit (identical context before the branch), reject with a reason -------------
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
-    rendered = {t.id: renderer.render(t) for t in trajectories}
+    full_view = get_method(cfg.method).full_view  # as in sft/rl: sdcc trains on the uncompressed transcript
+    rendered = {t.id: renderer.render(t, full_view=full_view) for t in trajectories}
     admitted, rejected = admit_pairs(rendered, pairs, cfg.scored)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)

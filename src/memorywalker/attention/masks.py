@@ -22,6 +22,7 @@ not the ancestor mask.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +149,17 @@ def use_backend(model, name: str) -> Backend:
     if inner.config._attn_implementation != backend.hf_implementation:
         inner.set_attn_implementation(backend.hf_implementation)
     return backend
+
+
+@contextmanager
+def attention_implementation(config, impl: str):
+    """Run a block with ``config._attn_implementation = impl``, restoring the previous one after."""
+    saved = config._attn_implementation
+    config._attn_implementation = impl
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
 
 
 def pad_length(n: int, multiple: int) -> int:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from memorywalker.attention.prefix import IMPLEMENTATION, PrefixKV, Segment, register
+from memorywalker.attention.masks import attention_implementation
+from memorywalker.attention.prefix import PrefixKV, Segment, register
 from memorywalker.layout.buffers import Buffer
 
 
@@ -109,23 +110,6 @@ def schedule(items: list[Item], max_tokens: int) -> list[list[int]]:
     return forwards
 
 
-class _AttentionImplementation:
-    """Switch a model's attention to the radix kernel for the duration of a block."""
-
-    def __init__(self, model):
-        self.config = _unwrap(model).config
-
-    def __enter__(self):
-        register()
-        self.saved = self.config._attn_implementation
-        self.config._attn_implementation = IMPLEMENTATION
-        return self
-
-    def __exit__(self, *exc):
-        self.config._attn_implementation = self.saved
-        return False
-
-
 def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int
                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, int]]:
     """Run ``model`` over ``buf`` with the shared-prefix schedule.
@@ -147,7 +131,7 @@ def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int
     sorted_preds = preds[pred_order]
     picked: list[torch.Tensor] = []  # logits of predicting positions, forward by forward
     order: list[np.ndarray] = []  # which entries of ``preds`` each forward's logits answer
-    with _AttentionImplementation(model):
+    with attention_implementation(_unwrap(model).config, register()):  # the prefix kernel, for these forwards
         for row in forwards:
             segments, cols, entries, offset = [], [], [], 0
             for i in row:

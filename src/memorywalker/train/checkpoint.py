@@ -42,7 +42,8 @@ class CheckpointError(ValueError):
     """No checkpoint to trust where one was expected; the message names the run dir or the file."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -73,7 +74,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
         size = f.stat().st_size
         if size != want["bytes"]:
             return f"{name} has {size} bytes, the manifest says {want['bytes']}"
-        if _sha256(f) != want["sha256"]:
+        if file_sha256(f) != want["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest"
     return None
 
@@ -160,7 +161,7 @@ def seal_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2,
             os.fsync(fh.fileno())
     # The manifest goes last: a folder without it (or with files that disagree) is never trusted.
     manifest = {"step": step, "format": fmt,
-                "files": {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                "files": {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
                           for f in files}}
     with open(tmp / MANIFEST, "w") as fh:
         fh.write(json.dumps(manifest, indent=2))

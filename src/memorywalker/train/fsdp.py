@@ -49,6 +49,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from memorywalker.attention.masks import attention_implementation
+
 PARALLEL = ("ddp", "fsdp")
 DCP_DIR = "dcp"
 
@@ -121,23 +123,13 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
     def context_fn():
         impl = config._attn_implementation  # read when the layer runs forward
-        return nullcontext(), _attention_implementation(config, impl)
+        return nullcontext(), attention_implementation(config, impl)
 
     kwargs = {"use_reentrant": False, "context_fn": context_fn}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers before the rename
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-@contextmanager
-def _attention_implementation(config, impl: str):
-    saved = config._attn_implementation
-    config._attn_implementation = impl
-    try:
-        yield
-    finally:
-        config._attn_implementation = saved
 
 
 # --- the fixed collective schedule ---------------------------------------------------------------------

@@ -16,13 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from memorywalker.train.checkpoint import file_sha256
+
 MANIFEST_NAME = "training_manifest.json"
-
-
-def file_sha256(path: str | Path) -> str:
-    from memorywalker.train.checkpoint import _sha256
-
-    return _sha256(Path(path))
 
 
 def package_version() -> str:

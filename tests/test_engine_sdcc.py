@@ -25,7 +25,10 @@ def test_sdcc_runs_exactly_one_backward(kit, renderer):
     n_students = sum(c.junction for c in batch.calls)
     assert res.metrics["students"] == n_students == len(res.eps_kl) >= 5
     views = sum(len(t.trajectory_ids) for t in batch.trees)
-    assert res.metrics["forwards"] == views + n_students  # one full view per trajectory + K students
+    # One full view per trajectory, one sequence per abandoned attempt (the retry's first try), K students.
+    abandoned = sum(len(rt.full_view.abandoned) for g in batch.rendered for rt in g)
+    assert abandoned == 1
+    assert res.metrics["forwards"] == views + abandoned + n_students
     assert res.metrics["unmatched_calls"] == 0 and res.metrics["lost_targets"] == 0
     assert (res.eps_kl > 0).all()
     assert torch.allclose(res.metrics["tv_bound"], torch.sqrt(res.eps_kl.mean() / 2))

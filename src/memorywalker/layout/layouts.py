@@ -180,7 +180,8 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
 
     KL pairing row ``k`` is the same response token in a full view (teacher) and in a student. A
     harness-side call (``purpose`` summarize/fold) has no place in the uncompressed history: its main
-    loss is taken on its own ``S_t`` and it has no student.
+    loss is taken on its own ``S_t`` and it has no student. An abandoned call (a retry's first attempt)
+    is not in the full view either: its teacher is its own sequence, the full view up to its context.
     """
     if students not in ("junctions", "all"):
         raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
@@ -191,7 +192,8 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
     teachers, student_pieces, kl_call, unmatched = [], [], [], []
     for i, tree in enumerate(batch.trees):
         for view, gcalls in zip(views[i], _trajectory_calls(batch, i), strict=True):
-            rows_all, preds, kl_rows, kl_preds = [], [], [], []
+            # teacher sequence -> (token ids, target rows, preds, kl rows, kl preds); -1 = the full view
+            chains: dict[int, tuple[np.ndarray, list, list, list, list]] = {}
             for g in gcalls:
                 c = batch.calls[g]
                 rows = by_call.get(g)
@@ -203,11 +205,13 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                     teachers.append(Piece.chain(tree.token_ids[path], target_row=rows,
                                                 target_pred=tree.depth[pos[rows]] - 1))
                     continue
-                start = view.response_start.get(c.index)
+                key, (ids, start) = ((c.index, view.abandoned[c.index]) if c.index in view.abandoned
+                                     else (-1, (view.token_ids, view.response_start.get(c.index))))
                 if start is None:
                     lost[rows] = True
                     unmatched.append(g)
                     continue
+                _, rows_all, preds, kl_rows, kl_preds = chains.setdefault(key, (ids, [], [], [], []))
                 pred = start + tree.depth[pos[rows]] - c.prompt_len - 1  # chain: parent = previous token
                 rows_all.append(rows)
                 preds.append(pred)
@@ -219,10 +223,10 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                     path = tree.root_path(c.end)
                     student_pieces.append(Piece.chain(tree.token_ids[path], kl_row=k,
                                                       kl_pred=tree.depth[pos[rows]] - 1))
-            if rows_all:
+            for ids, rows_all, preds, kl_rows, kl_preds in chains.values():
                 cat = np.concatenate
                 kl = dict(kl_row=cat(kl_rows), kl_pred=cat(kl_preds)) if kl_rows else {}
-                teachers.append(Piece.chain(view.token_ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
+                teachers.append(Piece.chain(ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
     buffers = one_per_buffer(teachers) + one_per_buffer(student_pieces)
     return _layout(batch, buffers, lost, teacher_buffers=len(teachers),
                    kl_call=np.asarray(kl_call, dtype=np.int64), unmatched_calls=unmatched)

@@ -4,6 +4,13 @@ Every message in order of first appearance across the calls' contexts and respon
 artifacts (``author == "harness"``) removed, each response placed once, rendered as one conversation.
 Each selected response is then located in it, so a call's targets can be read off the full view.
 
+Only responses the history went on with are placed: a response is kept when a later call's context
+holds it or an eviction removes it (it was in the history when the harness took it out), and the last
+act call's response is kept (nothing comes after it). Any other response was **abandoned** — a
+retry's first attempt, a refused proposal — and no later call saw it, so placing it would condition
+every later target on text the agent never had. An abandoned call with targets gets its own short
+sequence instead: the full view up to its context, then its response.
+
 >>> messages = full_view_messages(traj)                       # doctest: +SKIP
 >>> view = renderer.render(traj, full_view=True).full_view    # doctest: +SKIP
 >>> view.response_start[3]   # full-view position of call 3's first response token   # doctest: +SKIP
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memorywalker.records.schema import Message, Trajectory
-from memorywalker.render.render import RenderedTrajectory, Renderer, tools_to_hf
+from memorywalker.render.render import RenderedCall, RenderedTrajectory, Renderer, tools_to_hf
 
 
 @dataclass
@@ -28,6 +35,9 @@ class FullView:
     # Harness-side calls (a summarization request, a fold): the uncompressed history has no
     # counterpart for them, so they keep their own S_t.
     harness_calls: list[int] = field(default_factory=list)
+    # Abandoned calls with targets: call index -> (token ids [F_i] of the full view up to its context
+    # followed by its response, position of its first response token there).
+    abandoned: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)
 
 
 def answers_harness(traj: Trajectory, index: int) -> bool:
@@ -36,24 +46,56 @@ def answers_harness(traj: Trajectory, index: int) -> bool:
     return traj.calls[index].purpose != "act"
 
 
+def abandoned_calls(traj: Trajectory) -> list[int]:
+    """Act calls whose response no later call's context holds and no eviction removes (the last act
+    call excepted: nothing comes after it). Their responses are not in the full view.
+
+    >>> from memorywalker.records import TrajectoryBuilder
+    >>> b = TrajectoryBuilder("t"); s = b.message("system", "s"); u = b.message("user", "u")
+    >>> a0, retry, a1 = (b.message("assistant", x) for x in ("a0", "a0 again", "a1"))
+    >>> _ = b.call([s, u], a0); _ = b.call([s, u], retry); _ = b.call([s, u, retry], a1)
+    >>> abandoned_calls(b.build())
+    [0]
+    """
+    last = max((i for i in range(len(traj.calls)) if not answers_harness(traj, i)), default=-1)
+    held = {mid for ev in traj.evictions for mid in ev.removed}  # in the history when an eviction took it out
+    out: list[int] = []
+    for i in reversed(range(len(traj.calls))):
+        call = traj.calls[i]
+        if i != last and not answers_harness(traj, i) and call.response not in held:
+            out.append(i)
+        held.update(call.context)  # a later context, for every call before this one
+    return out[::-1]
+
+
 def full_view_messages(traj: Trajectory) -> list[Message]:
-    """Messages in order of first appearance, artifacts removed, each response once.
+    """Messages in order of first appearance, artifacts removed, each kept response once.
 
     Responses to harness prompts (summaries the model was asked to write) are compression artifacts
-    too and are left out.
+    too and are left out, and so are abandoned responses (:func:`abandoned_calls`).
     """
+    return _full_view_messages(traj)[0]
+
+
+def _full_view_messages(traj: Trajectory) -> tuple[list[Message], dict[int, int]]:
+    """The full view's messages and, per abandoned call, how many of them its context has seen (the
+    uncompressed history it was sampled on is that prefix)."""
     table = traj.message_table()
+    abandoned = set(abandoned_calls(traj))
     seen: set[str] = set()
     out: list[Message] = []
+    prefix: dict[int, int] = {}
     for i, call in enumerate(traj.calls):
-        answer = () if answers_harness(traj, i) else (call.response,)
+        answer = () if answers_harness(traj, i) or i in abandoned else (call.response,)
         for mid in (*call.context, *answer):
             m = table[mid]
             if mid in seen or m.is_artifact:
                 continue
             seen.add(mid)
             out.append(m)
-    return out
+        if i in abandoned:
+            prefix[i] = len(out)
+    return out, prefix
 
 
 def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
@@ -62,27 +104,50 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
     A response is located as the exact run of its rendered tokens inside its message's token span
     (so the labels are identical in ``S_t`` and in the full view); a call whose response renders
     differently there (e.g. a template that drops reasoning of earlier turns) is listed as unmatched.
+    An abandoned call is located the same way in its own sequence (the full view up to its context,
+    then its response).
     """
     traj = rt.trajectory
-    messages = full_view_messages(traj)
-    ids, _, spans = renderer.render_messages(messages, tools_to_hf(traj, None))
-    ids, spans = _splice_recorded_responses(rt, renderer, messages, ids, spans)
-    ids = np.asarray(ids, dtype=np.int64)
+    messages, prefix = _full_view_messages(traj)
+    tools = tools_to_hf(traj, None)
+    ids, spans = _render(rt, renderer, messages, tools)
     span_of = {m.id: s for m, s in zip(messages, spans, strict=True)}
-    start: dict[int, int] = {}
-    unmatched: list[int] = []
-    harness_calls = [rc.index for rc in rt.calls if rc.targets and answers_harness(traj, rc.index)]
+    view = FullView(ids, {}, harness_calls=[rc.index for rc in rt.calls
+                                            if rc.targets and answers_harness(traj, rc.index)])
+    table = traj.message_table()
     for rc in rt.calls:
-        if not rc.targets or rc.index in harness_calls:
+        if not rc.targets or rc.index in view.harness_calls:
             continue
-        run = np.asarray(rc.tokens[rc.prompt_len: max(rc.targets) + 1], dtype=np.int64)
-        a, b = span_of[traj.calls[rc.index].response]
-        hit = find_run(ids[a: max(b, a + len(run))], run)
-        if hit is None or a + hit == 0:
-            unmatched.append(rc.index)
+        response = traj.calls[rc.index].response
+        if rc.index in prefix:  # abandoned: the full view up to its context, then its response
+            own_ids, own_spans = _render(rt, renderer, [*messages[: prefix[rc.index]], table[response]], tools)
+            start = _locate(rc, own_ids, own_spans[-1])
+            if start is not None:
+                view.abandoned[rc.index] = (own_ids, start)
         else:
-            start[rc.index] = a + hit
-    return FullView(ids, start, unmatched, harness_calls)
+            start = _locate(rc, ids, span_of[response])
+            if start is not None:
+                view.response_start[rc.index] = start
+        if start is None:
+            view.unmatched.append(rc.index)
+    return view
+
+
+def _render(rt: RenderedTrajectory, renderer: Renderer, messages: list[Message],
+            tools) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Tokens (int64 [F]) and per-message token spans of ``messages`` as one conversation, with each
+    response's recorded tokens spliced in."""
+    ids, _, spans = renderer.render_messages(messages, tools)
+    ids, spans = _splice_recorded_responses(rt, renderer, messages, ids, spans)
+    return np.asarray(ids, dtype=np.int64), spans
+
+
+def _locate(rc: RenderedCall, ids: np.ndarray, span: tuple[int, int]) -> int | None:
+    """Position of the first response token of call ``rc`` inside its message's ``span`` of ``ids``."""
+    run = np.asarray(rc.tokens[rc.prompt_len: max(rc.targets) + 1], dtype=np.int64)
+    a, b = span
+    hit = find_run(ids[a: max(b, a + len(run))], run)
+    return None if hit is None or a + hit == 0 else a + hit
 
 
 def _splice_recorded_responses(rt: RenderedTrajectory, renderer: Renderer, messages: list[Message],

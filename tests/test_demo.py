@@ -45,13 +45,14 @@ def test_exact_methods_stay_at_the_floor(demo):
     for m in ("logit-tree", "tree-mask"):
         r = doc["methods"][m]
         assert r["logprob_abs_diff"] < 1e-5 and r["logit_drift"] < 1e-5, m
-        assert all(v is None or v < 1e-5 for v in r["logprob_abs_diff_by_evictions"].values()), m
+        for view in ("logprob_abs_diff_by_branches", "logprob_abs_diff_by_evictions"):
+            assert all(v is None or v < 1e-5 for v in r[view].values()), (m, view)
 
 
 def test_dfs_gap_is_well_above_the_floor_and_grows_with_evictions(demo):
     _, doc = demo
     dfs = doc["methods"]["dfs"]
-    assert dfs["logprob_abs_diff_floor"] < 1e-5  # before any eviction dfs conditions like the rollout
+    assert dfs["logprob_abs_diff_floor"] < 1e-5  # before any branch dfs conditions like the rollout
     assert dfs["logprob_abs_diff"] > 1e-2
     assert dfs["logprob_abs_diff_heavy"] > dfs["logprob_abs_diff"]
 

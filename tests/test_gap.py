@@ -10,9 +10,23 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from memorywalker.metrics.gap import evictions_before_calls, gap_report
-from memorywalker.records import TrajectoryWriter
+from memorywalker.records import TrajectoryBuilder, TrajectoryWriter
 from memorywalker.render import Renderer
 from memorywalker.rollout import ExpertPolicy, HarnessConfig, WebSearchEnv, rollout
+
+
+def with_rollout_logprobs(model, renderer, traj):
+    """``traj`` with each call's rollout logprobs from a plain causal forward of its own S_t."""
+    rt = renderer.render(traj)
+    calls = []
+    for call, rc in zip(traj.calls, rt.calls, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([rc.tokens])).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(rc.tokens[1:])[:, None])[:, 0]
+        calls.append(call.model_copy(update={
+            "context_tokens": rc.tokens[: rc.prompt_len], "response_tokens": rc.tokens[rc.prompt_len:],
+            "rollout_logprobs": lp[rc.prompt_len - 1:].tolist()}))
+    return traj.model_copy(update={"calls": calls})
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +39,7 @@ def recorded(kit, tokenizer):
                        suite="lookup", n=2, seed=0)
     assert sum(len(t.evictions) for t in trajs) >= 2
     renderer = Renderer(tokenizer)
-    out = []
-    for traj in trajs:
-        rt = renderer.render(traj)
-        calls = []
-        for call, rc in zip(traj.calls, rt.calls, strict=True):
-            with torch.no_grad():
-                logits = model(torch.tensor([rc.tokens])).logits[0].float()
-            lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(rc.tokens[1:])[:, None])[:, 0]
-            calls.append(call.model_copy(update={
-                "context_tokens": rc.tokens[: rc.prompt_len], "response_tokens": rc.tokens[rc.prompt_len:],
-                "rollout_logprobs": lp[rc.prompt_len - 1:].tolist()}))
-        out.append(traj.model_copy(update={"calls": calls}))
-    return model, out
+    return model, [with_rollout_logprobs(model, renderer, t) for t in trajs]
 
 
 def test_exact_methods_sit_at_the_floor_and_dfs_does_not(recorded, tokenizer):
@@ -47,15 +49,64 @@ def test_exact_methods_sit_at_the_floor_and_dfs_does_not(recorded, tokenizer):
         assert rep[m]["overall"]["logprob_abs_diff"] < 1e-5, m
         assert rep[m]["overall"]["logit_drift"] < 1e-5, m
     dfs = rep["dfs"]
-    # Before any eviction dfs conditions like the rollout did; after one it sees evicted raw text.
+    # Before any branch dfs conditions like the rollout did; after one it sees evicted raw text.
     assert dfs["floor"]["logprob_abs_diff"] < 1e-5
-    post = [dfs["by_evictions"][b] for b in ("1", "2", "3+") if dfs["by_evictions"][b]["targets"]]
-    assert post and all(r["logprob_abs_diff"] > 1e-3 for r in post)
+    for view in ("by_branches", "by_evictions"):  # every branch here is a recorded eviction
+        post = [dfs[view][b] for b in ("1", "2", "3+") if dfs[view][b]["targets"]]
+        assert post and all(r["logprob_abs_diff"] > 1e-3 for r in post), view
     assert dfs["overall"]["logit_drift"] > 1e-4
     # Every target is counted once per method, split across buckets without loss.
     for m in rep.values():
-        assert sum(r["targets"] for r in m["by_evictions"].values()) == m["overall"]["targets"]
-        assert m["floor"]["targets"] == m["by_evictions"]["0"]["targets"]
+        for view in ("by_branches", "by_evictions"):
+            assert sum(r["targets"] for r in m[view].values()) == m["overall"]["targets"], view
+        assert m["floor"]["targets"] == m["by_branches"]["0"]["targets"]
+        assert m["heavy"]["targets"] == m["by_branches"]["2"]["targets"] + m["by_branches"]["3+"]["targets"]
+
+
+def test_a_retry_without_an_eviction_record_is_bucketed_by_branches(recorded, tokenizer):
+    """One retry and no eviction record (issue 10 c)::
+
+        call-0  [s, u]          -> a0 (search)        segment 0
+        call-1  [s, u, a0, t0]  -> bad                segment 0 (S_1 extends S_0)
+        call-2  [s, u, a0, t0]  -> a1 (search)        segment 1 (the retry: S_2 branches from S_1 at the
+                                                                 response start)
+        call-3  [.., a1, t1]    -> a2                 segment 1 (S_3 extends S_2)
+
+    With n_i the targets of call i: floor = by_branches["0"] = n0 + n1, by_branches["1"] = n2 + n3,
+    "2" = "3+" = heavy = 0; no eviction was recorded, so by_evictions["0"] = n0 + n1 + n2 + n3.
+    dfs puts ``bad`` before the retry in its one causal sequence, so calls 2 and 3 see it (> 1e-3),
+    while calls 0 and 1 are conditioned as sampled (the floor, ~1e-7 here); counting evictions put the
+    retry's targets in dfs's floor too.
+    """
+    model = recorded[0]
+    renderer = Renderer(tokenizer)
+    b = TrajectoryBuilder("retry")
+    s, u = b.message("system", "sys"), b.message("user", "Who founded Alder Works?")
+    a0 = b.message("assistant", "Let me search.",
+                   tool_calls=[{"id": "tc0", "name": "search", "arguments": {"query": "alder works"}}])
+    t0 = b.message("tool", "Search results: Alder Works, a mill.", tool_call_id="tc0", name="search")
+    bad = b.message("assistant", "Orvo Tamsin founded it, I think.")
+    a1 = b.message("assistant", "Let me check the founder.",
+                   tool_calls=[{"id": "tc1", "name": "search", "arguments": {"query": "alder founder"}}])
+    t1 = b.message("tool", "Search results: Alder Works was founded by Mira Quell.", tool_call_id="tc1",
+                   name="search")
+    a2 = b.message("assistant", "Mira Quell founded Alder Works.")
+    b.call([s, u], a0)
+    b.call([s, u, a0, t0], bad)
+    b.call([s, u, a0, t0], a1)
+    b.call([s, u, a0, t0, a1, t1], a2)
+    traj = with_rollout_logprobs(model, renderer, b.build())
+    n = [len(rc.targets) for rc in renderer.render(traj).calls]
+    rep = gap_report(model, renderer, [traj], ["tree-mask", "dfs"], drift=False)
+    dfs = rep["dfs"]
+    assert dfs["floor"]["logprob_abs_diff"] < 1e-5
+    assert dfs["by_branches"]["1"]["logprob_abs_diff"] > 1e-3
+    for m in rep.values():
+        assert m["floor"]["targets"] == m["by_branches"]["0"]["targets"] == n[0] + n[1]
+        assert m["by_branches"]["1"]["targets"] == n[2] + n[3]
+        assert m["by_branches"]["2"]["targets"] == m["by_branches"]["3+"]["targets"] == m["heavy"]["targets"] == 0
+        assert m["by_evictions"]["0"]["targets"] == m["overall"]["targets"] == sum(n)
+    assert rep["tree-mask"]["overall"]["logprob_abs_diff"] < 1e-5
 
 
 def test_evictions_before_calls_counts_records_in_order(recorded):
@@ -79,5 +130,10 @@ def test_gap_command_json(recorded, kit, tmp_path):
     out = json.loads(res.output)
     assert out["trajectories_with_logprobs"] == 2 and set(out["methods"]) == {"tree-mask", "dfs"}
     assert out["methods"]["tree-mask"]["overall"]["logprob_abs_diff"] < 1e-5
+    assert set(out["methods"]["dfs"]) == {"overall", "heavy", "floor", "by_branches", "by_evictions"}
+    table = CliRunner().invoke(app, ["gap", "--model", str(kit[1]), "--data", str(data), "--method", "dfs",
+                                     "--no-drift"])
+    assert table.exit_code == 0, table.output
+    assert "by branches B before the call" in " ".join(table.output.split()) and "B=3+" in table.output
     bad = CliRunner().invoke(app, ["gap", "--model", str(kit[1]), "--data", str(data), "--method", "nope"])
     assert bad.exit_code != 0 and "valid" in bad.output

@@ -12,7 +12,8 @@
    per-call reference (``memorywalker.engine.METHODS``).
 5. **Evaluation** of each resulting model on held-out (test split) tasks under the same harness:
    reward; the gap between the trainer's logprobs under the method's conditioning and the rollout
-   logprobs the sampler recorded (overall, on eviction-heavy targets, on the floor); k3 KL; logit drift
+   logprobs the sampler recorded (overall; on heavy targets, 2+ branches of the history before their
+   call; on the floor, calls before any branch; by branches and by recorded evictions); k3 KL; logit drift
    against the deployment distribution; ``eps_kl`` = mean KL(full view ‖ compressed) at junctions,
    which SDCC trains down; RL tokens processed and wall time.
 
@@ -154,6 +155,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
             "logprob_abs_diff": gap["overall"]["logprob_abs_diff"],
             "logprob_abs_diff_heavy": gap["heavy"]["logprob_abs_diff"],
             "logprob_abs_diff_floor": gap["floor"]["logprob_abs_diff"],
+            "logprob_abs_diff_by_branches": {k: v["logprob_abs_diff"] for k, v in gap["by_branches"].items()},
+            "targets_by_branches": {k: v["targets"] for k, v in gap["by_branches"].items()},
             "logprob_abs_diff_by_evictions": {k: v["logprob_abs_diff"] for k, v in gap["by_evictions"].items()},
             "targets_by_evictions": {k: v["targets"] for k, v in gap["by_evictions"].items()},
             "targets": gap["overall"]["targets"],  # compared targets: rightmost loses the evicted ones

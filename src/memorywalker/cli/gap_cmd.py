@@ -13,18 +13,21 @@ from rich.table import Table
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
+    """One row per method: logprob_abs_diff overall, on the floor (0 branches), heavy (2+ branches) and
+    per bucket of branches before the call (B=0..3+), the other metrics overall. The title says the
+    view; recorded evictions per bucket are in ``--json`` (``by_evictions``)."""
     from memorywalker.metrics.gap import BUCKETS
     from memorywalker.metrics.gap import fmt_metric as _fmt
 
-    table = Table(title=title)
+    table = Table(title=f"{title}, logprob_abs_diff by branches B before the call (segment index)")
     for c in ["method", "targets", "logprob_abs_diff", "floor", "heavy (2+)",
-              *[f"K={b}" for b in BUCKETS], "k3_kl", "chi2_token", "log_ppl_abs_diff", "logit_drift"]:
+              *[f"B={b}" for b in BUCKETS], "k3_kl", "chi2_token", "log_ppl_abs_diff", "logit_drift"]:
         table.add_column(c, justify="left" if c == "method" else "right")
     for m, r in report.items():
         o = r["overall"]
         table.add_row(m, str(o["targets"]), _fmt(o["logprob_abs_diff"]), _fmt(r["floor"]["logprob_abs_diff"]),
                       _fmt(r["heavy"]["logprob_abs_diff"]),
-                      *[_fmt(r["by_evictions"][b]["logprob_abs_diff"]) for b in BUCKETS],
+                      *[_fmt(r["by_branches"][b]["logprob_abs_diff"]) for b in BUCKETS],
                       _fmt(o["k3_kl"]), _fmt(o["chi2_token"]), _fmt(o["log_ppl_abs_diff"]), _fmt(o.get("logit_drift")))
     console.print(table)
 
@@ -43,8 +46,9 @@ def gap(
                                    "method under \"tokens\" (what `memorywalker view --gap` draws)."),
 ):
     """Per method: logprob_abs_diff, k3_kl, chi2_token, log_ppl_abs_diff and logit drift against the
-    recorded rollout logprobs, overall, by evictions before the call (0, 1, 2, 3+), eviction-heavy
-    (2+) and on the floor (calls before any eviction)."""
+    recorded rollout logprobs, overall, by branches before the call (its segment index: 0, 1, 2, 3+,
+    whatever rewrote the history), heavy (2+ branches) and on the floor (calls before any branch).
+    --json also buckets by recorded evictions (by_evictions)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -2,12 +2,16 @@
 
 For every target with a recorded rollout logprob, a method's trainer logprob is compared with it:
 ``logprob_abs_diff``, ``k3_kl``, ``chi2_token`` (per token) and ``log_ppl_abs_diff`` (per call), reported
-overall, by the number of evictions that happened before the target's call (``0``, ``1``, ``2``, ``3+``),
-on the eviction-heavy targets (2 or more evictions before their call) and on the floor (calls before
-any eviction: identical conditioning for every method, so what remains there is numerical noise
-between the rollout engine and the trainer). **Logit drift** is the mean total variation between the
-method's next-token distribution and the deployment distribution (the ``per-call`` conditioning, i.e.
-the context the call really received), over full vocabularies.
+overall and bucketed by the number of **branches** before the target's call (``0``, ``1``, ``2``,
+``3+``): the call's segment index in the conditioning tree, i.e. how many times the history was
+rewritten before it, whatever did it — a recorded eviction, a retry, a sample the next context
+re-tokenizes, a template that drops earlier reasoning. The **floor** is the calls before any branch
+(every call so far extends the previous one, so ``dfs`` conditions them as the rollout did and what
+remains is numerical noise between the rollout engine and the trainer); **heavy** is 2 or more branches.
+The same buckets counted in recorded evictions (white-box records only) are a second view,
+``by_evictions``: a branch without a record lands in its ``0``. **Logit drift** is the mean total
+variation between the method's next-token distribution and the deployment distribution (the
+``per-call`` conditioning, i.e. the context the call really received), over full vocabularies.
 
 >>> report = gap_report(model, renderer, trajectories, ["dfs", "radix"])   # doctest: +SKIP
 >>> report["radix"]["overall"]["logprob_abs_diff"]                         # doctest: +SKIP
@@ -30,7 +34,7 @@ from memorywalker.records.schema import Trajectory
 from memorywalker.render.render import Renderer
 
 BUCKETS = ("0", "1", "2", "3+")
-HEAVY = 2  # a target is eviction-heavy when at least this many evictions preceded its call
+HEAVY = 2  # a target is heavy when at least this many branches preceded its call
 
 
 def evictions_before_calls(traj: Trajectory) -> list[int]:
@@ -62,6 +66,15 @@ def fmt_metric(x: float | None) -> str:
 
 def bucket_of(k: int) -> str:
     return BUCKETS[min(k, 3)]
+
+
+def in_bucket(count: torch.Tensor, bucket: str) -> torch.Tensor:
+    """Mask of the ``count`` values that fall in ``bucket`` (one of :data:`BUCKETS`).
+
+    >>> in_bucket(torch.tensor([0, 1, 3, 5]), "3+").tolist(), in_bucket(torch.tensor([0, 1, 3]), "1").tolist()
+    ([False, False, True, True], [False, True, False])
+    """
+    return count >= 3 if bucket == "3+" else count == int(bucket)
 
 
 @torch.no_grad()
@@ -137,11 +150,13 @@ def _fill_per_call(per_call: dict | None, batch: Batch, method: str, logp: torch
 
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
                drift: bool = True, progress: bool = False, tokens: dict | None = None) -> dict:
-    """Gap metrics of each method on ``trajectories`` (each its own tree), overall and by evictions.
+    """Gap metrics of each method on ``trajectories`` (each its own tree), overall, by branches and by
+    recorded evictions before the target's call.
 
-    Returns ``{method: {"overall", "heavy", "floor", "by_evictions": {"0", "1", "2", "3+"}}}``, each a
-    dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``, ``log_ppl_abs_diff``,
-    ``logit_drift`` (None where there is nothing to compare).
+    Returns ``{method: {"overall", "heavy", "floor", "by_branches": {"0", "1", "2", "3+"},
+    "by_evictions": {"0", "1", "2", "3+"}}}`` (``floor`` = ``by_branches["0"]``, ``heavy`` = 2+
+    branches), each a dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
+    ``log_ppl_abs_diff``, ``logit_drift`` (None where there is nothing to compare).
 
     When ``tokens`` is a dict it is filled with the per-target values (what ``memorywalker view`` draws):
     ``tokens[trajectory_id][call_id] = {"offset": [index of the target in S_t], "rollout": [...],
@@ -151,7 +166,7 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     full_view = needs_full_view(methods)
     rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
     per_method: dict[str, dict[str, list]] = {m: {"logp": [], "tv": []} for m in methods}
-    rollout, call, bucket = [], [], []
+    rollout, call, branches, evictions = [], [], [], []
     call_base = 0
     it = range(len(rendered))
     if progress:
@@ -161,11 +176,13 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     for i in it:
         batch = Batch.from_groups([[rendered[i]]])
         tg = batch.targets
-        before = np.asarray(evictions_before_calls(trajectories[i]))
+        before = np.asarray(evictions_before_calls(trajectories[i]), dtype=np.int64)
         call_index = np.asarray([batch.calls[c].index for c in tg.call], dtype=np.int64)
+        segment = np.asarray([batch.calls[c].segment for c in tg.call], dtype=np.int64)  # branches before it
         rollout.append(torch.from_numpy(tg.rollout_logprob))
         call.append(torch.from_numpy(tg.call + call_base))
-        bucket.append(torch.from_numpy(before[call_index]) if len(tg) else torch.empty(0, dtype=torch.long))
+        branches.append(torch.from_numpy(segment))
+        evictions.append(torch.from_numpy(before[call_index]))
         call_base += batch.num_calls
         ref_logits = None
         if drift:
@@ -182,17 +199,17 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
 
     rollout_t = torch.cat(rollout) if rollout else torch.empty(0)
     call_t = torch.cat(call) if call else torch.empty(0, dtype=torch.long)
-    k = torch.cat(bucket) if bucket else torch.empty(0, dtype=torch.long)
+    k = torch.cat(branches) if branches else torch.empty(0, dtype=torch.long)
+    e = torch.cat(evictions) if evictions else torch.empty(0, dtype=torch.long)
     report = {}
     for m in methods:
         logp = torch.cat(per_method[m]["logp"]) if per_method[m]["logp"] else torch.empty(0)
         tv = torch.cat(per_method[m]["tv"]) if drift and per_method[m]["tv"] else None
-        everything = torch.ones_like(k, dtype=torch.bool)
         report[m] = {
-            "overall": _summarize(logp, rollout_t, call_t, tv, everything),
+            "overall": _summarize(logp, rollout_t, call_t, tv, torch.ones_like(k, dtype=torch.bool)),
             "heavy": _summarize(logp, rollout_t, call_t, tv, k >= HEAVY),
             "floor": _summarize(logp, rollout_t, call_t, tv, k == 0),
-            "by_evictions": {b: _summarize(logp, rollout_t, call_t, tv,
-                                           (k >= 3) if b == "3+" else (k == int(b))) for b in BUCKETS},
+            "by_branches": {b: _summarize(logp, rollout_t, call_t, tv, in_bucket(k, b)) for b in BUCKETS},
+            "by_evictions": {b: _summarize(logp, rollout_t, call_t, tv, in_bucket(e, b)) for b in BUCKETS},
         }
     return report

@@ -1,30 +1,34 @@
-"""The embedded default: reproduce the core result on a model trained here, offline, on CPU.
+"""The embedded default: show what training on the right contexts does to an agent, offline, on CPU.
 
-    memorywalker demo [--quick] [--out DIR]
+    memorywalker demo [--quick] [--seeds N] [--out DIR]
 
-1. **Kit.** A byte-level BPE tokenizer trained on the offline web-search world's pages and a tiny random
-   Llama, saved as ordinary Hugging Face directories.
-2. **Expert data.** Scripted expert episodes on the train split under a compressing harness (most see
-   1–4 evictions).
-3. **SFT warm start** on them with the exact ``radix`` method.
-4. **RL, once per method.** From that same checkpoint, with the same seed and the same budget, GRPO on
-   episodes the model itself collects under compression, trained with every registered method but the
-   per-call reference (``memorywalker.engine.METHODS``).
-5. **Evaluation** of each resulting model on held-out (test split) tasks under the same harness:
-   reward; the gap between the trainer's logprobs under the method's conditioning and the rollout
-   logprobs the sampler recorded (overall; on heavy targets, 2+ branches of the history before their
-   call; on the floor, calls before any branch; by branches and by recorded evictions); k3 KL; logit drift
-   against the deployment distribution; ``eps_kl`` = mean KL(full view ‖ compressed) at junctions,
-   which SDCC trains down; RL tokens processed and wall time.
+1. **Kit.** A byte-level BPE tokenizer trained on the ``vault`` environment's text and a tiny random
+   Llama, saved as ordinary Hugging Face directories, then a short copy/LM pretraining stage
+   (:mod:`memorywalker.modelkit.pretrain`): method-neutral, no agent data.
+2. **Expert episodes** of the ``recall-3`` suite under each harness: Claude Code-style compaction
+   (the model summarizes the history) and OpenCode-style pruning (old tool results become a
+   placeholder, then compaction). The codes the answer needs arrive in observations both harnesses
+   evict, so the agent must carry them in its notes and summaries.
+3. **Warm start** on *uncompressed* expert episodes (``harness none``: one path per episode, so every
+   method trains exactly the same targets on exactly the same contexts) — the same checkpoint for all.
+4. **SFT per method** from the warm start on the compressed episodes: here the methods differ.
+5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
+   compression (graded reward, so groups have variance).
+6. **Evaluation** of every SFT and RL model on the same held-out tasks under both harnesses, greedy:
+   reward per task, its mean with a bootstrap 95 % interval, the paired difference against ``tree-mask``
+   and RL against SFT (paired bootstrap over tasks); the train/rollout gap of each method on its own
+   model's episodes (by branches before the call); ``eps_kl`` over SDCC's RL steps beside sqrt(eps_kl/2).
 
-Writes ``DIR/results.json``, PNG plots and ``DIR/index.html`` and prints the table. Everything is
-seeded; nothing is downloaded.
+Writes ``DIR/results.json``, PNG plots, ``DIR/index.html`` and ``DIR/table.md`` (the README's tables)
+and prints the tables. Everything is seeded; reruns are bitwise identical; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,149 +38,271 @@ import torch
 from memorywalker.engine.methods import method_names
 from memorywalker.metrics.gap import fmt_metric as _fmt
 
-METHODS = tuple(method_names(reference=False))
+# logit-tree trains the same targets on the same contexts as radix and tree-mask (tests/test_exact_reference.py)
+# with three times the tokens; it is left out of the default to fit the time budget (--methods adds it).
+METHODS = tuple(m for m in method_names(reference=False) if m != "logit-tree")
+REFERENCE = "tree-mask"  # paired differences are against this exact method
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     seed: int = 0
-    # --- world and harness: small enough for a tiny model trained for minutes on a CPU
-    suite: str = "lookup"
-    # 8 entities instead of the default world's 66: a tiny model trained for minutes on a CPU still does
-    # not solve held-out tasks (see the README), but the smaller world is the easiest one to try.
-    world_size: dict[str, int] = field(default_factory=lambda: {"n_cities": 2, "n_companies": 3, "n_people": 3,
-                                                                 "n_distractors": 2})
-    harness: str = "claude-code"  # the model summarizes the history; system prompt and task are kept
-    budget: int = 500  # context budget (prompt tokens): 2 compactions per expert lookup episode
-    max_turns: int = 5
-    max_new_tokens: int = 48
-    # --- model
+    # --- environment and harnesses
+    suite: str = "recall-2"
+    harnesses: tuple[str, ...] = ("claude-code", "opencode")  # summarizing, pruning (then summarizing)
+    # Context budget (prompt tokens) per harness. claude-code: every act call after the first compacts
+    # (3 summaries per expert episode); opencode: the budget admits two steps, so old tool results are
+    # pruned to a placeholder first and the history is summarized when that no longer suffices.
+    budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 425})
+    max_turns: int = 6
+    max_new_tokens: int = 64
+    # --- model and pretraining
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 4
-    # --- SFT warm start (radix)
-    sft_episodes: int = 64
-    sft_steps: int = 160
-    sft_batch: int = 4
-    sft_lr: float = 3e-3
-    # --- RL per method
+    pretrain_steps: int = 600
+    # --- warm start on uncompressed episodes (method-neutral)
+    warm_episodes: int = 2400
+    warm_steps: int = 300
+    warm_lr: float = 1e-3
+    # --- SFT per method on compressed episodes
+    sft_episodes: int = 480  # split evenly over the harnesses
+    sft_steps: int = 60
+    sft_batch: int = 8
+    sft_lr: float = 5e-4
+    # --- GRPO per method (under the first harness)
     rl_steps: int = 4
-    rl_prompts: int = 2
+    rl_prompts: int = 3
     rl_group: int = 4
-    rl_lr: float = 3e-4
+    rl_lr: float = 2e-4
     sdcc_lambda: float = 1.0
     # --- evaluation
-    eval_episodes: int = 16
-    eval_temperature: float = 0.0  # greedy; rollout logprobs are of the untempered distribution either way
+    eval_tasks: int = 24
     methods: tuple[str, ...] = METHODS
 
 
 FULL = DemoConfig()
-QUICK = replace(FULL, sft_episodes=32, sft_steps=60, rl_steps=2, rl_prompts=2, rl_group=2, eval_episodes=6)
+QUICK = replace(FULL, pretrain_steps=300, warm_episodes=800, warm_steps=100, sft_episodes=160, sft_steps=16,
+                rl_steps=2, rl_prompts=2, rl_group=2, eval_tasks=8, methods=("tree-mask", "sdcc", "dfs", "rightmost"))
 
 
 def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
-    """Run every stage; return the results dict (also written to ``out/results.json``)."""
+    """Run every stage for one seed; return the results dict (also written to ``out/results.json``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memorywalker.engine import Batch, EngineConfig, run
-    from memorywalker.metrics.gap import gap_report
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
+    from memorywalker.modelkit.pretrain import pretrain
     from memorywalker.recipes import rl, sft
     from memorywalker.records import write_trajectories
-    from memorywalker.render import Renderer, RenderOptions
-    from memorywalker.rollout import ExpertPolicy, HarnessConfig, HFPolicy, WebSearchEnv, rollout
+    from memorywalker.rollout import HarnessConfig, rollout
+    from memorywalker.rollout.vault import VaultEnv
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    env = WebSearchEnv(cfg.seed, world_size=cfg.world_size)
-    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_turns)
+    env = VaultEnv(cfg.seed)
+    harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
 
-    # --- 1. kit: tokenizer on the world's text, tiny random Llama ---------------------------------------
-    corpus = bundled_corpus() + [p.text for p in env.world.pages.values()]
+    # --- 1. kit: tokenizer on the environment's text, tiny random Llama, copy/LM pretraining ------------
+    corpus = bundled_corpus() + env.corpus()
     bootstrap = AutoTokenizer.from_pretrained(build_tokenizer(out / "kit" / "bootstrap", corpus, vocab_size=512))
-    seen, _ = rollout(env, ExpertPolicy(), bootstrap, harness, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
-    corpus += [_transcript(bootstrap, t) for t in seen]  # tool-call scaffolding merges into tokens too
+    for h in harness.values():  # tool-call scaffolding and summaries merge into tokens too
+        seen, _ = rollout(env, env.expert(), bootstrap, h, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
+        corpus += [_transcript(bootstrap, t) for t in seen]
     tok_dir = build_tokenizer(out / "kit" / "tokenizer", corpus, vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     model_dir = build_model(out / "kit" / "model", tok_dir, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                             num_heads=4, num_kv_heads=2, seed=cfg.seed)
-    log(f"[kit] vocab {len(tokenizer)}, model {model_dir}")
-
-    # --- 2. expert episodes under compression ------------------------------------------------------------
-    expert, summary = rollout(env, ExpertPolicy(), tokenizer, harness, suite=cfg.suite, n=cfg.sft_episodes,
-                              seed=cfg.seed, split="train")
-    write_trajectories(out / "expert.jsonl", expert)
-    evictions = {k: summary.evictions[k] for k in sorted(summary.evictions)}
-    log(f"[data] {len(expert)} expert episodes, success {summary.success:.2f}, evictions per episode {evictions}")
-
-    # --- 3. SFT warm start (exact radix) ----------------------------------------------------------------
     t0 = time.perf_counter()
-    warm = sft.train(sft.SFTConfig(model=str(model_dir), run_dir=str(out / "sft"), method="radix",
-                                   steps=cfg.sft_steps, batch_size=cfg.sft_batch, lr=cfg.sft_lr, warmup_steps=10,
-                                   max_tokens=2048, save_every=cfg.sft_steps, seed=cfg.seed),
-                     trajectories=expert, progress=progress)
-    sft_loss = [float(m["loss"]) for m in warm.metrics]
-    log(f"[sft] loss {sft_loss[0]:.3f} -> {sft_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
+    base_dir, pre_loss = pretrain(model_dir, out / "kit" / "pretrained", corpus, steps=cfg.pretrain_steps,
+                                  seed=cfg.seed, log=log)
+    log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre_loss[0]:.3f} -> "
+        f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
-    # --- 4. RL from the same checkpoint, once per method ---------------------------------------------------
-    trained, curves = {}, {}
+    # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
+    plain, _ = rollout(env, env.expert(), tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
+                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
+    expert, evictions = [], {}
+    for name, h in harness.items():
+        eps, summary = rollout(env, env.expert(), tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
+                               seed=cfg.seed, split="train")
+        expert += eps
+        evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
+        log(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, evictions {evictions[name]}")
+    write_trajectories(out / "expert.jsonl", expert)
+
+    # --- 3. warm start on the uncompressed episodes (one path each: every method trains the same) --------
+    t0 = time.perf_counter()
+    warm = sft.train(sft.SFTConfig(model=str(base_dir), run_dir=str(out / "warm"), method="radix",
+                                   steps=cfg.warm_steps, batch_size=cfg.sft_batch, lr=cfg.warm_lr, warmup_steps=10,
+                                   max_tokens=4096, save_every=cfg.warm_steps, seed=cfg.seed),
+                     trajectories=plain, progress=progress)
+    warm_loss = [float(m["loss"]) for m in warm.metrics]
+    log(f"[warm] loss {warm_loss[0]:.3f} -> {warm_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
+
+    # --- 4-6. per method: SFT on compressed episodes, evaluate, GRPO, evaluate ---------------------------
+    tasks = _eval_tasks(env, cfg)
+    results: dict[str, dict] = {}
     for method in cfg.methods:
         t0 = time.perf_counter()
-        res = rl.train(rl.RLConfig(model=str(warm.final_dir), run_dir=str(out / f"rl-{method}"), method=method,
-                                   steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts, group_size=cfg.rl_group,
-                                   suite=cfg.suite, harness=cfg.harness, budget=cfg.budget, max_turns=cfg.max_turns,
-                                   max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, sdcc_lambda=cfg.sdcc_lambda,
-                                   max_tokens=4096, save_every=cfg.rl_steps, seed=cfg.seed),
-                       env=env, progress=progress)
-        seconds = time.perf_counter() - t0
-        trained[method] = (res.final_dir, seconds, int(sum(_num(m.get("tokens")) for m in res.metrics)))
-        curves[method] = [_num(m.get("logprob_abs_diff")) for m in res.metrics]
-        log(f"[rl:{method}] {seconds:.0f}s, reward per step "
-            f"{[round(_num(m.get('reward_mean')), 2) for m in res.metrics]}")
-
-    # --- 5. held-out evaluation under the same harness ---------------------------------------------------
-    results: dict[str, dict] = {}
-    renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
-    for method, (final_dir, seconds, tokens) in trained.items():
-        model = AutoModelForCausalLM.from_pretrained(final_dir).eval()
-        policy = HFPolicy.from_model(model, tokenizer, temperature=cfg.eval_temperature,
-                                     max_new_tokens=cfg.max_new_tokens)
-        episodes, ev = rollout(env, policy, tokenizer, harness, suite=cfg.suite, n=cfg.eval_episodes,
-                               seed=cfg.seed + 1, split="test")
-        write_trajectories(out / f"eval-{method}.jsonl", episodes)  # `memorywalker gap` can re-measure them
-        gap = gap_report(model, renderer, episodes, [method])[method]
-        batch = Batch.from_groups([[renderer.render(t, full_view=True)] for t in episodes])
-        kl = run(model, batch, EngineConfig(method="sdcc"), backward=False).metrics
+        res = sft.train(sft.SFTConfig(model=str(warm.final_dir), run_dir=str(out / f"sft-{method}"), method=method,
+                                      steps=cfg.sft_steps, batch_size=cfg.sft_batch, lr=cfg.sft_lr, warmup_steps=5,
+                                      max_tokens=4096, save_every=cfg.sft_steps, sdcc_lambda=cfg.sdcc_lambda,
+                                      seed=cfg.seed), trajectories=expert, progress=progress)
+        sft_seconds = time.perf_counter() - t0
+        model = AutoModelForCausalLM.from_pretrained(res.final_dir).eval()
+        sft_eval = _evaluate(model, tokenizer, env, harness, tasks, method, cfg, out / f"eval-sft-{method}")
+        t0 = time.perf_counter()
+        rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{method}"), method=method,
+                                      env="vault", steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts,
+                                      group_size=cfg.rl_group, suite=cfg.suite, harness=cfg.harnesses[0],
+                                      budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                                      lr=cfg.rl_lr, sdcc_lambda=cfg.sdcc_lambda, max_tokens=4096,
+                                      save_every=cfg.rl_steps, seed=cfg.seed),
+                          env=env, progress=progress)
+        rl_seconds = time.perf_counter() - t0
+        model = AutoModelForCausalLM.from_pretrained(rl_res.final_dir).eval()
+        rl_eval = _evaluate(model, tokenizer, env, harness, tasks, method, cfg, out / f"eval-rl-{method}")
+        steps = rl_res.metrics
         results[method] = {
-            "reward": ev.success,
-            "logprob_abs_diff": gap["overall"]["logprob_abs_diff"],
-            "logprob_abs_diff_heavy": gap["heavy"]["logprob_abs_diff"],
-            "logprob_abs_diff_floor": gap["floor"]["logprob_abs_diff"],
-            "logprob_abs_diff_by_branches": {k: v["logprob_abs_diff"] for k, v in gap["by_branches"].items()},
-            "targets_by_branches": {k: v["targets"] for k, v in gap["by_branches"].items()},
-            "logprob_abs_diff_by_evictions": {k: v["logprob_abs_diff"] for k, v in gap["by_evictions"].items()},
-            "targets_by_evictions": {k: v["targets"] for k, v in gap["by_evictions"].items()},
-            "targets": gap["overall"]["targets"],  # compared targets: rightmost loses the evicted ones
-            "k3_kl": gap["overall"]["k3_kl"],
-            "logit_drift": gap["overall"]["logit_drift"],
-            "eps_kl": _num(kl.get("eps_kl_mean")),
-            "tokens": tokens,
-            "seconds": round(seconds, 1),
-            "gap_over_steps": curves[method],
-            "eval_evictions": {str(k): ev.evictions[k] for k in sorted(ev.evictions)},
+            "sft": sft_eval, "rl": rl_eval,
+            "sft_loss": [float(m["loss"]) for m in res.metrics],
+            "rl_steps": {k: [_num(m.get(k)) for m in steps] for k in
+                         ("reward_mean", "groups_with_signal", "logprob_abs_diff", "eps_kl_mean", "tv_bound")},
+            "sft_seconds": round(sft_seconds, 1), "rl_seconds": round(rl_seconds, 1),
         }
-        log(f"[eval:{method}] reward {ev.success:.2f}, logprob_abs_diff {_fmt(results[method]['logprob_abs_diff'])}")
+        log(f"[{method}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}; RL {rl_seconds:.0f}s reward per "
+            f"step {[round(_num(m.get('reward_mean')), 2) for m in steps]} -> {_rewards_line(rl_eval)}")
 
-    doc = {"config": asdict(cfg), "sft_loss": sft_loss, "expert_evictions": evictions,
-           "methods": results, "seconds_total": round(time.perf_counter() - t_start, 1)}
+    doc = {"config": asdict(cfg), "pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
+           "expert_evictions": evictions, "tasks": [t.id for t in tasks], "methods": results}
+    doc["summary"] = summarize(doc)
+    doc["seconds_total"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=_num))
     write_report(doc, out)
     return doc
 
 
+def run_seeds(cfg: DemoConfig, out: str | Path, seeds: int, *, progress: bool = True, log=print) -> dict:
+    """``run_demo`` for seeds ``cfg.seed .. cfg.seed + seeds - 1`` (each in ``out/seed-S``), aggregated by
+    :func:`aggregate_seeds` into ``out/seeds.json``."""
+    out = Path(out)
+    docs = [run_demo(replace(cfg, seed=cfg.seed + k), out / f"seed-{cfg.seed + k}", progress=progress, log=log)
+            for k in range(seeds)]
+    doc = aggregate_seeds(docs)
+    (out / "seeds.json").write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def aggregate_seeds(docs: list[dict]) -> dict:
+    """Mean and sample sd over seeds of each method's mean held-out reward, per harness and stage.
+
+    >>> one = lambda seed, r: {"config": {"seed": seed, "harnesses": ["h"]},
+    ...                        "methods": {"m": {"sft": {"h": {"rewards": r}}, "rl": {"h": {"rewards": r}}}}}
+    >>> agg = aggregate_seeds([one(0, [0.0, 1.0]), one(1, [1.0, 1.0])])  # per-seed means 0.5 and 1.0
+    >>> agg["reward"]["h"]["m"]["sft"]["mean"], round(agg["reward"]["h"]["m"]["sft"]["sd"], 4)
+    (0.75, 0.3536)
+    """
+    agg: dict[str, dict] = {}
+    for h in docs[0]["config"]["harnesses"]:
+        agg[h] = {}
+        for m in docs[0]["methods"]:
+            agg[h][m] = {}
+            for stage in ("sft", "rl"):
+                means = [float(np.mean(d["methods"][m][stage][h]["rewards"])) for d in docs]
+                sd = float(np.std(means, ddof=1)) if len(means) > 1 else float("nan")
+                agg[h][m][stage] = {"mean": float(np.mean(means)), "sd": sd, "per_seed": means}
+    return {"seeds": [d["config"]["seed"] for d in docs], "reward": agg}
+
+
+def seeds_table(doc: dict) -> str:
+    """Mean ± sd over seeds of each method's held-out reward (Markdown)."""
+    out = []
+    for h, rows in doc["reward"].items():
+        body = [[f"`{m}`", *(f"{r[s]['mean']:.3f} ± {r[s]['sd']:.3f}" for s in ("sft", "rl"))] for m, r in rows.items()]
+        out.append(f"Held-out reward under `{h}` over seeds {doc['seeds']} (mean ± sd of the per-seed means):\n\n"
+                   + _markdown(["method", "after SFT", "after RL"], body))
+    return "\n\n".join(out)
+
+
+README_BEGIN = "<!-- demo-table:{name} begin -->"
+README_END = "<!-- demo-table:{name} end -->"
+
+
+def readme_table(readme: str, name: str) -> str:
+    """The table the README quotes between its ``demo-table:NAME`` markers (``full`` or ``quick``)."""
+    begin, end = README_BEGIN.format(name=name), README_END.format(name=name)
+    if begin not in readme or end not in readme:
+        raise ValueError(f"README has no {begin} ... {end} block")
+    return readme.split(begin, 1)[1].split(end, 1)[0].strip()
+
+
+def _eval_tasks(env, cfg: DemoConfig) -> list:
+    """The first ``eval_tasks`` test-split tasks of the suite (the same for every method and stage)."""
+    tasks, index = [], 0
+    while len(tasks) < cfg.eval_tasks:
+        task = env.task(cfg.suite, index)
+        index += 1
+        if task.split == "test":
+            tasks.append(task)
+    return tasks
+
+
+def _evaluate(model, tokenizer, env, harness: dict, tasks: list, method: str, cfg: DemoConfig, path: Path) -> dict:
+    """Greedy episodes of ``tasks`` under each harness: reward per task and the method's gap on them."""
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.records import write_trajectories
+    from memorywalker.render import Renderer, RenderOptions
+    from memorywalker.rollout import HFPolicy, run_episode
+    from memorywalker.rollout.harness import call_seed
+
+    renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
+    policy = HFPolicy.from_model(model, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    out: dict[str, dict] = {}
+    for name, h in harness.items():
+        episodes = [run_episode(env, t, policy, tokenizer, h, seed=call_seed(cfg.seed + 1, t.id),
+                                episode_id=f"{t.id}-{name}") for t in tasks]
+        write_trajectories(path.with_name(f"{path.name}-{name}.jsonl"), episodes)  # `memorywalker gap` re-measures
+        gap = gap_report(model, renderer, episodes, [method], drift=False)[method]
+        out[name] = {
+            "rewards": [float(t.reward or 0.0) for t in episodes],
+            "evictions": float(np.mean([len(t.evictions) for t in episodes])),
+            "gap": gap["overall"]["logprob_abs_diff"], "gap_heavy": gap["heavy"]["logprob_abs_diff"],
+            "gap_floor": gap["floor"]["logprob_abs_diff"], "targets": gap["overall"]["targets"],
+            "gap_by_branches": {k: v["logprob_abs_diff"] for k, v in gap["by_branches"].items()},
+        }
+    return out
+
+
+def _rewards_line(ev: dict) -> str:
+    return ", ".join(f"{h} {np.mean(r['rewards']):.2f}" for h, r in ev.items())
+
+
+# --- statistics -------------------------------------------------------------------------------------------
+
+
+def summarize(doc: dict) -> dict:
+    """Per harness and method: mean reward with a bootstrap 95 % interval over tasks after SFT and after
+    RL, the paired difference against ``tree-mask`` (each stage) and of RL against SFT."""
+    from memorywalker.metrics.stats import paired_bootstrap
+
+    methods = doc["methods"]
+    out: dict[str, dict] = {}
+    for h in doc["config"]["harnesses"]:
+        rows = {}
+        for m, r in methods.items():
+            row = {}
+            for stage in ("sft", "rl"):
+                x = r[stage][h]["rewards"]
+                row[stage] = paired_bootstrap(x)  # the mean and its interval (tasks resampled)
+                if REFERENCE in methods and m != REFERENCE:
+                    ref = methods[REFERENCE][stage][h]["rewards"]
+                    row[f"{stage}_vs_{REFERENCE}"] = paired_bootstrap(np.subtract(x, ref))
+            row["rl_minus_sft"] = paired_bootstrap(np.subtract(r["rl"][h]["rewards"], r["sft"][h]["rewards"]))
+            rows[m] = row
+        out[h] = rows
+    return out
 # --- report ------------------------------------------------------------------------------------------------
 
 
@@ -186,81 +312,119 @@ def _num(v) -> float:
     return float(v.item()) if hasattr(v, "item") else float(v)
 
 
-COLUMNS = ("reward", "logprob_abs_diff", "logprob_abs_diff_heavy", "logprob_abs_diff_floor", "k3_kl",
-           "logit_drift", "eps_kl", "targets", "tokens", "seconds")
+def _ci(t) -> str:
+    mean, low, high = t
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if low < 0 or mean < 0 else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _markdown(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def results_table(doc: dict) -> str:
-    """The results as a fixed-width text table (also what the README quotes)."""
-    head = ["method", *COLUMNS]
-    rows = [[m, *(str(r[c]) if c in ("targets", "tokens", "seconds") else _fmt(r[c]) for c in COLUMNS)]
+    """The demo's tables in Markdown (what ``DIR/table.md`` holds and the README quotes verbatim)."""
+    out = []
+    for h, rows in doc["summary"].items():
+        head = ["method", "reward after SFT", "after RL", "RL − SFT (paired)", f"SFT − {REFERENCE}",
+                f"RL − {REFERENCE}"]
+        body = [[f"`{m}`", _ci(r["sft"]), _ci(r["rl"]), _ci(r["rl_minus_sft"]),
+                 _ci(r["sft_vs_" + REFERENCE]) if "sft_vs_" + REFERENCE in r else "—",
+                 _ci(r["rl_vs_" + REFERENCE]) if "rl_vs_" + REFERENCE in r else "—"] for m, r in rows.items()]
+        out.append(f"Held-out reward under `{h}` ({len(doc['tasks'])} tasks, mean [bootstrap 95 % interval]):\n\n"
+                   + _markdown(head, body))
+    head = ["method", *(f"{h}: {k}" for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
+    body = [[f"`{m}`", *(str(r["rl"][h][k]) if k == "targets" else _fmt(r["rl"][h]["gap" if k == "gap" else f"gap_{k}"])
+                         for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
             for m, r in doc["methods"].items()]
-    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
-    return "\n".join([line(head), *(line(r) for r in rows)])
+    out.append("Train/rollout gap (mean |logp_train − logp_rollout| per target) of each RL model on its own held-out "
+               "episodes; heavy = 2+ branches before the call, floor = none:\n\n" + _markdown(head, body))
+    if "sdcc" in doc["methods"]:
+        s = doc["methods"]["sdcc"]["rl_steps"]
+        dfs = doc["methods"].get("dfs", {}).get("rl_steps", {}).get("logprob_abs_diff")
+        head = ["RL step", "sdcc eps_kl", "sqrt(eps_kl/2)", "sdcc gap", *(["dfs gap"] if dfs else [])]
+        body = [[str(i + 1), _fmt(e), _fmt(math.sqrt(e / 2) if e == e else None), _fmt(g), *([_fmt(dfs[i])] if dfs else [])]
+                for i, (e, g) in enumerate(zip(s["eps_kl_mean"], s["logprob_abs_diff"], strict=True))]
+        out.append("SDCC during RL (on each step's rollouts):\n\n" + _markdown(head, body))
+    return "\n\n".join(out)
 
 
 def write_report(doc: dict, out: Path) -> None:
-    """PNG plots (gap by evictions, reward, gap over RL steps) and an index.html showing them."""
+    """PNG plots (reward with intervals for SFT and RL, gap by branches, SDCC over steps), index.html and
+    table.md."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods = list(doc["methods"])
-    res = doc["methods"]
-    buckets = ["0", "1", "2", "3+"]
+    harnesses = doc["config"]["harnesses"]
+    x = np.arange(len(methods))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(len(methods), 1)
-    for i, m in enumerate(methods):
-        vals = [res[m]["logprob_abs_diff_by_evictions"].get(b) for b in buckets]
-        vals = [np.nan if v is None else max(v, 1e-9) for v in vals]
-        ax.bar(np.arange(len(buckets)) + i * width, vals, width, label=m)
-    ax.set_xticks(np.arange(len(buckets)) + width * (len(methods) - 1) / 2, [f"{b} evictions" for b in buckets])
-    ax.set_yscale("log")
-    ax.set_ylabel("mean |logp_train − logp_rollout|")
-    ax.set_title("train/rollout gap by evictions before the call")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "gap_by_evictions.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(methods, [res[m]["reward"] for m in methods], color="tab:green")
-    ax.set_ylabel("held-out reward (exact match)")
-    ax.set_ylim(0, 1)
-    ax.set_title("reward per method")
+    fig, axes = plt.subplots(1, len(harnesses), figsize=(5.5 * len(harnesses), 3.8), squeeze=False)
+    for ax, h in zip(axes[0], harnesses, strict=True):
+        for k, (stage, color) in enumerate((("sft", "tab:blue"), ("rl", "tab:green"))):
+            stats = [doc["summary"][h][m][stage] for m in methods]
+            mean = np.array([s[0] for s in stats])
+            err = np.array([[s[0] - s[1] for s in stats], [s[2] - s[0] for s in stats]])
+            ax.bar(x + (k - 0.5) * 0.38, mean, 0.38, yerr=err, capsize=3, color=color, label=stage.upper())
+        ax.set_xticks(x, methods, rotation=20)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("held-out reward (95 % bootstrap interval)")
+        ax.set_title(f"reward under {h}")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "reward.png", dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    buckets = ["0", "1", "2", "3+"]
+    fig, axes = plt.subplots(1, len(harnesses), figsize=(5.5 * len(harnesses), 3.8), squeeze=False)
+    width = 0.8 / max(len(methods), 1)
+    for ax, h in zip(axes[0], harnesses, strict=True):
+        for i, m in enumerate(methods):
+            vals = [doc["methods"][m]["rl"][h]["gap_by_branches"].get(b) for b in buckets]
+            ax.bar(np.arange(4) + i * width, [np.nan if v is None else max(v, 1e-9) for v in vals], width, label=m)
+        ax.set_xticks(np.arange(4) + width * (len(methods) - 1) / 2, [f"{b} branches" for b in buckets])
+        ax.set_yscale("log")
+        ax.set_ylabel("mean |logp_train − logp_rollout|")
+        ax.set_title(f"gap by branches before the call ({h})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "gap_by_branches.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     for m in methods:
-        ys = [max(v, 1e-9) for v in res[m]["gap_over_steps"]]
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=m)
+        ys = [max(v, 1e-9) for v in doc["methods"][m]["rl_steps"]["logprob_abs_diff"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{m} gap")
+    if "sdcc" in doc["methods"]:
+        eps = doc["methods"]["sdcc"]["rl_steps"]["eps_kl_mean"]
+        ax.plot(range(1, len(eps) + 1), eps, "k--", label="sdcc eps_kl")
+        ax.plot(range(1, len(eps) + 1), [math.sqrt(e / 2) for e in eps], "k:", label="sqrt(eps_kl/2)")
     ax.set_yscale("log")
     ax.set_xlabel("RL step")
-    ax.set_ylabel("logprob_abs_diff on the step's rollouts")
-    ax.set_title("gap over training steps")
-    ax.legend(fontsize=8)
+    ax.set_title("gap on each step's rollouts; SDCC's eps_kl")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "gap_over_steps.png", dpi=110)
     plt.close(fig)
 
     table = results_table(doc)
+    (out / "table.md").write_text(table + "\n")
+    import html
+
     (out / "index.html").write_text(f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>memorywalker demo</title>
-<style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}} pre{{background:#f4f4f4;padding:1em}}</style>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} pre{{background:#f4f4f4;padding:1em}}</style>
 </head><body>
 <h1>memorywalker demo</h1>
-<p>One tiny model, SFT-warmed on expert episodes, then RL-trained once per method from the same
-checkpoint on episodes it collected under the <code>{doc['config']['harness']}</code> harness; evaluated on
-held-out tasks under the same harness. Total {doc['seconds_total']} s.</p>
-<pre>{table}</pre>
-<h2>Gap by evictions</h2><img src="gap_by_evictions.png" alt="gap by evictions">
+<p>One tiny model per method: SFT from a shared warm start on expert episodes under
+{", ".join(harnesses)}, then GRPO from that checkpoint; evaluated on the same held-out tasks. Total
+{doc.get('seconds_total', 0)} s.</p>
+<pre>{html.escape(table)}</pre>
 <h2>Reward</h2><img src="reward.png" alt="reward per method">
-<h2>Gap over training steps</h2><img src="gap_over_steps.png" alt="gap over steps">
+<h2>Gap by branches</h2><img src="gap_by_branches.png" alt="gap by branches">
+<h2>Gap over RL steps</h2><img src="gap_over_steps.png" alt="gap over steps">
 <p>Raw numbers: <a href="results.json">results.json</a>.</p>
 </body></html>
 """)

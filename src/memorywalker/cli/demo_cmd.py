@@ -10,19 +10,38 @@ import typer
 
 
 def demo(
-    quick: bool = typer.Option(False, "--quick", help="A smaller run (about 4 minutes on 2 CPU cores)."),
+    quick: bool = typer.Option(False, "--quick", help="A smaller run (under 4 minutes on 2 CPU cores)."),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Output directory."),
-    seed: int = typer.Option(0, help="Seed of everything (world, model, data, sampling)."),
+    seed: int = typer.Option(0, help="Seed of everything (model, data, sampling); the first of --seeds."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report mean and sd of each method's reward."),
+    check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, compare its table with "
+                                             "the one this README quotes (exit 1 when they differ)."),
 ):
-    """Build a tiny model offline, SFT it on expert episodes, RL it once per method under compression,
-    and compare reward and the train/rollout gap on held-out tasks."""
-    from memorywalker.demo import FULL, QUICK, results_table, run_demo
+    """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
+    from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
+    from memorywalker.demo import FULL, QUICK, readme_table, results_table, run_demo, run_seeds, seeds_table
 
     cfg = replace(QUICK if quick else FULL, seed=seed)
-    doc = run_demo(cfg, out, progress=sys.stderr.isatty(), log=lambda s: print(s, flush=True))
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if seeds > 1:
+        doc = run_seeds(cfg, out, seeds, progress=sys.stderr.isatty(), log=log)
+        print()
+        print(seeds_table(doc))
+        print(f"\nwrote {out / 'seeds.json'} and one directory per seed")
+        return
+    doc = run_demo(cfg, out, progress=sys.stderr.isatty(), log=log)
+    table = results_table(doc)
     print()
-    print(results_table(doc))
-    print(f"\nwrote {out / 'results.json'}, {out / 'index.html'} ({doc['seconds_total']:.0f} s)")
+    print(table)
+    print(f"\nwrote {out / 'results.json'}, {out / 'table.md'}, {out / 'index.html'} ({doc['seconds_total']:.0f} s)")
+    if check_readme is not None:
+        name = "quick" if quick else "full"
+        quoted = readme_table(check_readme.read_text(encoding="utf-8"), name)  # ValueError: one line, exit 2
+        if quoted != table.strip():
+            typer.echo(f"memorywalker demo: error: {check_readme}: the {name} demo table differs from this run's "
+                       f"({out / 'table.md'})", err=True)
+            raise typer.Exit(1)
+        print(f"{check_readme}: the {name} demo table equals this run's")
 
 
 def register(app: typer.Typer) -> None:

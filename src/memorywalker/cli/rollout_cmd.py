@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def rollout_cmd(
-    env: str = typer.Option("websearch", "--env", help="environment: websearch"),
-    suite: str = typer.Option(..., "--suite", help="lookup | bridge | chain | comparison | aggregation | navigation | constraint"),
+    env: str = typer.Option("websearch", "--env", help="environment: websearch | vault"),
+    suite: str = typer.Option(..., "--suite", help="websearch: lookup | bridge | chain | comparison | aggregation | navigation | constraint; vault: recall-2 | recall-3 | recall-4"),
     harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
     policy: str = typer.Option("expert", "--policy", help="expert | hf:MODEL_DIR | openai:URL"),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
@@ -55,12 +55,12 @@ def rollout_cmd(
     from rich.table import Table
     from transformers import AutoTokenizer
 
-    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, SUITES, HarnessConfig, make_policy, rollout
+    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
-    if suite not in SUITES:
-        raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    if suite not in ENVIRONMENTS[env].suites:
+        raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
     if harness not in COMPRESSORS:
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
@@ -72,7 +72,7 @@ def rollout_cmd(
         if kind == "openai":
             kwargs.update(model=model, timeout=request_timeout, retries=retries)
     try:
-        pol = make_policy(policy, **kwargs)
+        pol = make_policy(policy, env=ENVIRONMENTS[env](world_seed=world_seed), **kwargs)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if tokenizer is None:

@@ -77,7 +77,7 @@ class RLConfig(TrainConfig):
     # --- rollouts
     env: str = "websearch"  # environment (memorywalker.rollout.ENVIRONMENTS)
     world_seed: int = 0  # seed of the generated world
-    suite: str = "lookup"  # task suite: lookup | bridge | chain | comparison | aggregation | navigation | constraint
+    suite: str = "lookup"  # task suite of env: websearch lookup | bridge | chain | ... ; vault recall-2 | recall-3 | recall-4
     split: Literal["train", "valid", "test"] = "train"  # tasks of this split only
     prompts_per_step: int = 4  # tasks (GRPO groups) per step, over all ranks
     group_size: int = 4  # episodes per task

@@ -23,10 +23,11 @@ from memorywalker.rollout.policies import (
 )
 from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
 from memorywalker.rollout.suites import SUITES, make_task
+from memorywalker.rollout.vault import VaultEnv, VaultExpert
 from memorywalker.rollout.websearch import WebSearchEnv
 from memorywalker.rollout.world import World
 
-ENVIRONMENTS = {"websearch": WebSearchEnv}
+ENVIRONMENTS = {"websearch": WebSearchEnv, "vault": VaultEnv}
 
 __all__ = [
     "COMPRESSORS",
@@ -47,6 +48,8 @@ __all__ = [
     "PolicyRequest",
     "RolloutSummary",
     "StepResult",
+    "VaultEnv",
+    "VaultExpert",
     "WebSearchEnv",
     "World",
     "apply_eviction",

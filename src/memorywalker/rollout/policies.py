@@ -285,13 +285,16 @@ def parse_completion(data: dict[str, Any]) -> PolicyOutput:
 
 # --- lookup --------------------------------------------------------------------------------------------
 
-def make_policy(spec: str, **kwargs: Any) -> Policy:
-    """``expert`` | ``hf:DIR`` | ``openai:URL`` → a policy. Extra keyword arguments go to its constructor."""
+def make_policy(spec: str, *, env=None, **kwargs: Any) -> Policy:
+    """``expert`` | ``hf:DIR`` | ``openai:URL`` → a policy. Extra keyword arguments go to its constructor.
+
+    ``expert`` is the scripted expert of ``env`` (its ``expert()``), the web-search expert by default.
+    """
     from memorywalker.rollout.expert import ExpertPolicy
 
     kind, _, arg = spec.partition(":")
     if kind == "expert" and not arg:
-        return ExpertPolicy()
+        return env.expert() if env is not None and hasattr(env, "expert") else ExpertPolicy()
     if kind == "hf" and arg:
         return HFPolicy(arg, **kwargs)
     if kind == "openai" and arg:

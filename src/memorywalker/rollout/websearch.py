@@ -84,6 +84,11 @@ class WebSearchEnv(Environment):
         reward = exact_match(value, self._gold or "")
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
+    def expert(self):
+        from memorywalker.rollout.expert import ExpertPolicy
+
+        return ExpertPolicy()
+
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "world_seed": self.world_seed, "search_k": self.search_k,
                 **({"world_size": self.world_size} if self.world_size else {})}

@@ -1,0 +1,191 @@
+"""``vault``: recall tasks a small model trained on a CPU learns, where compression decides the reward.
+
+A task names ``k`` boxes; each box holds a code word that only its ``open`` observation shows, and the
+answer is the codes in the order the task names the boxes::
+
+    user:      Report the codes of boxes kal, mor, tis, in this order.
+    assistant: <tool_call> open {"box": "kal"} </tool_call>
+    tool:      Box kal
+               code: amber
+               The box is dusty. It holds 41 old keys. ...
+    assistant: Notes:
+               - kal | code: amber
+               <tool_call> open {"box": "mor"} </tool_call>
+    ...
+    assistant: Notes: ... <tool_call> answer {"text": "amber teal rose"} </tool_call>
+
+Codes are drawn per task (a box's code differs between tasks), so a model cannot memorize them: it
+has to copy each code from the observation into its notes, and the observations are what a harness
+evicts first (Claude Code compaction summarizes the history, OpenCode pruning replaces old tool
+results by a placeholder). The answer is right only for the codes the agent carried across every
+compression in its own notes or summaries. The reward is graded: the fraction of boxes whose code is
+in the right place, so GRPO groups have variance long before an agent solves whole tasks.
+
+Names and codes are short words a byte-level BPE trained on this environment's text keeps as single
+tokens (:meth:`VaultEnv.corpus`), and episodes are short (``k`` + 1 act calls), so a model of a few
+hundred thousand parameters learns the skill in minutes (see the README's demo section).
+
+Suites: ``recall-2``, ``recall-3``, ``recall-4`` (``k`` boxes). :class:`VaultExpert` is the scripted
+expert: a pure function of the delivered context, so it succeeds exactly when its notes survive.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema
+from memorywalker.rollout.env import Environment, StepResult, normalize_answer, split_of
+from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+
+NAMES = ["kal", "mor", "tis", "ven", "dax", "lum", "pov", "rin", "sab", "tor", "bel", "cuz", "fen", "gil",
+         "hap", "jor", "kiv", "lex", "mab", "nox", "orb", "pim", "quo", "ras", "sul", "tam", "vik", "wex",
+         "yul", "zed", "bop", "dun"]
+CODES = ["amber", "teal", "rose", "olive", "coral", "ivory", "slate", "plum", "jade", "ruby", "sand",
+         "mint", "navy", "gold", "lime", "rust", "pearl", "ash", "moss", "wine"]
+_FILLER = [
+    "The box is dusty and its lid is loose.",
+    "It holds {n} old keys and a torn map.",
+    "A faded label on the side is no longer readable.",
+    "The hinges creak when it is opened.",
+    "Someone scratched the number {n} into the lid.",
+    "It smells of oil and old paper.",
+    "The lock was replaced in {year}.",
+    "Dust covers a stack of {n} receipts inside.",
+]
+SUITES = {"recall-2": 2, "recall-3": 3, "recall-4": 4}
+
+SYSTEM_PROMPT = (
+    "Open each box the task names. Old tool results get removed, so before each call note every code you "
+    "know as '- box code'. Then answer with the codes in order."
+)
+
+TOOLS = [
+    ToolSchema(name="open", description="Open a box.",
+               parameters={"type": "object", "properties": {"box": {"type": "string"}}, "required": ["box"]}),
+    ToolSchema(name="answer", description="The codes in order.",
+               parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+]
+
+NOTE_RE = re.compile(r"^- (\w+) (\w+)$", re.M)
+OBS_RE = re.compile(r"^The label reads: (\w+) (\w+)$", re.M)
+
+
+def graded_reward(prediction: str, codes: list[str]) -> float:
+    """Fraction of positions whose predicted code word equals the gold code.
+
+    >>> graded_reward("amber teal rose", ["amber", "mint", "rose"])
+    0.6666666666666666
+    >>> graded_reward("Amber.", ["amber", "teal"]), graded_reward("", ["amber"])
+    (0.5, 0.0)
+    """
+    words = normalize_answer(prediction).split()
+    return sum(i < len(words) and words[i] == c for i, c in enumerate(codes)) / len(codes)
+
+
+class VaultEnv(Environment):
+    name = "vault"
+    system_prompt = SYSTEM_PROMPT
+    suites = tuple(SUITES)
+
+    def __init__(self, world_seed: int = 0, *, filler: int = 2):
+        self.world_seed = world_seed
+        self.filler = filler  # filler sentences per observation: longer observations compress sooner
+        self._codes: dict[str, str] = {}
+        self._task: Task | None = None
+
+    def tools(self) -> list[ToolSchema]:
+        return list(TOOLS)
+
+    def task(self, suite: str, index: int) -> Task:
+        if suite not in SUITES:
+            raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+        rng = random.Random(f"vault-{self.world_seed}-{suite}-{index}")
+        boxes = rng.sample(NAMES, SUITES[suite])
+        codes = [rng.choice(CODES) for _ in boxes]
+        question = f"Report the codes of boxes {', '.join(boxes)}, in this order."
+        group = f"{suite}:{' '.join(boxes)}:{' '.join(codes)}"
+        return Task(id=f"{suite}-{index:05d}", group=group, split=split_of(f"{self.world_seed}:{group}"),
+                    suite=suite, answer=" ".join(codes),
+                    meta={"question": question, "boxes": boxes, "codes": codes, "index": index,
+                          "world_seed": self.world_seed})
+
+    def reset(self, task: Task) -> str:
+        self._task = task
+        rng = random.Random(f"vault-contents-{self.world_seed}-{task.id}")
+        # Boxes the task does not name hold codes too (opening one is a wasted step, not an error).
+        self._codes = {n: rng.choice(CODES) for n in NAMES}
+        self._codes.update(zip(task.meta["boxes"], task.meta["codes"], strict=True))
+        self._rng = rng
+        return task.meta["question"]
+
+    def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        arg = {"open": "box", "answer": "text"}.get(name)
+        if arg is None:
+            return StepResult(f"Error: unknown tool {name!r}. Valid tools: open, answer.")
+        value = arguments.get(arg) if isinstance(arguments, dict) else None
+        if not isinstance(value, str):
+            return StepResult(f"Error: {name} needs a string argument {arg!r}.")
+        if name == "open":
+            box = value.strip().lower()
+            if box not in self._codes:
+                return StepResult(f"Error: no box {value!r}.")
+            filler = [s.format(n=self._rng.randint(2, 90), year=self._rng.randint(1950, 2020))
+                      for s in self._rng.sample(_FILLER, self.filler)]
+            return StepResult("\n".join([f"The label reads: {box} {self._codes[box]}", *filler]))
+        assert self._task is not None
+        reward = graded_reward(value, self._task.meta["codes"])
+        return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
+
+    def expert(self) -> VaultExpert:
+        return VaultExpert()
+
+    def corpus(self, n: int = 200) -> list[str]:
+        """Text in this environment's vocabulary (for training a tokenizer that keeps names whole)."""
+        rng = random.Random(f"vault-corpus-{self.world_seed}")
+        out = [SYSTEM_PROMPT, *(t.description for t in TOOLS)]
+        for _ in range(n):
+            boxes = rng.sample(NAMES, 3)
+            out.append(f"Report the codes of boxes {', '.join(boxes)}, in this order.")
+            out.append("\n".join(f"- {b} {rng.choice(CODES)}" for b in boxes))
+            out.append(f'{{"box": "{boxes[0]}"}} {{"text": "{" ".join(rng.choice(CODES) for _ in boxes)}"}}')
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "world_seed": self.world_seed, "filler": self.filler}
+
+
+class VaultExpert:
+    """Opens the task's boxes in order and answers from the notes its context shows.
+
+    Stateless: every response is computed from the delivered context alone — notes in assistant turns
+    and harness artifacts (summaries), plus the box observations still in the context — and restates
+    all notes, so it succeeds exactly when the harness keeps them.
+    """
+
+    name = "expert"
+
+    def start(self, task: Task) -> None:
+        self.boxes: list[str] = task.meta["boxes"]
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "env": "vault"}
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        notes: dict[str, str] = {}
+        for m in request.messages:
+            if m.role == "assistant" or m.is_artifact:
+                notes.update(NOTE_RE.findall(m.content))
+            elif m.role == "tool":
+                notes.update(OBS_RE.findall(m.content))
+        known = [b for b in self.boxes if b in notes]
+        text = "Notes:\n" + "\n".join(f"- {b} {notes[b]}" for b in known) + "\n" if known else ""
+        if request.purpose != "act":
+            return PolicyOutput(message=Message(id="", role="assistant", content=text or "Notes: none",
+                                                author="model"))
+        todo = [b for b in self.boxes if b not in notes]
+        call = (ToolCall(id="", name="open", arguments={"box": todo[0]}) if todo else
+                ToolCall(id="", name="answer", arguments={"text": " ".join(notes[b] for b in self.boxes)}))
+        return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model",
+                                            tool_calls=[call]), finish_reason="stop")

@@ -5,7 +5,7 @@
 1. **Kit.** A byte-level BPE tokenizer trained on the ``vault`` environment's text and a tiny random
    Llama, saved as ordinary Hugging Face directories, then a short copy/LM pretraining stage
    (:mod:`memorywalker.modelkit.pretrain`): method-neutral, no agent data.
-2. **Expert episodes** of the ``recall-3`` suite under each harness: Claude Code-style compaction
+2. **Expert episodes** of the ``recall-2`` suite under each harness: Claude Code-style compaction
    (the model summarizes the history) and OpenCode-style pruning (old tool results become a
    placeholder, then compaction). The codes the answer needs arrive in observations both harnesses
    evict, so the agent must carry them in its notes and summaries.
@@ -51,9 +51,9 @@ class DemoConfig:
     suite: str = "recall-2"
     harnesses: tuple[str, ...] = ("claude-code", "opencode")  # summarizing, pruning (then summarizing)
     # Context budget (prompt tokens) per harness. claude-code: every act call after the first compacts
-    # (3 summaries per expert episode); opencode: the budget admits two steps, so old tool results are
+    # (2 summaries per recall-2 expert episode); opencode: the budget admits two steps, so old tool results are
     # pruned to a placeholder first and the history is summarized when that no longer suffices.
-    budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 425})
+    budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 380})
     max_turns: int = 6
     max_new_tokens: int = 64
     # --- model and pretraining

@@ -7,7 +7,7 @@
    (:mod:`memorywalker.modelkit.pretrain`): method-neutral, no agent data.
 2. **Expert episodes** of the ``recall-2`` suite under each harness: Claude Code-style compaction
    (the model summarizes the history) and OpenCode-style pruning (old tool results become a
-   placeholder, then compaction). The codes the answer needs arrive in observations both harnesses
+   placeholder). The codes the answer needs arrive in observations both harnesses
    evict, so the agent must carry them in its notes and summaries.
 3. **Warm start** on *uncompressed* expert episodes (``harness none``: one path per episode, so every
    method trains exactly the same targets on exactly the same contexts) — the same checkpoint for all.
@@ -49,11 +49,12 @@ class DemoConfig:
     seed: int = 0
     # --- environment and harnesses
     suite: str = "recall-2"
-    harnesses: tuple[str, ...] = ("claude-code", "opencode")  # summarizing, pruning (then summarizing)
-    # Context budget (prompt tokens) per harness. claude-code: every act call after the first compacts
-    # (2 summaries per recall-2 expert episode); opencode: the budget admits two steps, so old tool results are
-    # pruned to a placeholder first and the history is summarized when that no longer suffices.
-    budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 380})
+    harnesses: tuple[str, ...] = ("claude-code", "opencode")  # summarizing, pruning
+    # Context budget (prompt tokens) per harness. claude-code: every act call after the first compacts (two
+    # summaries per recall-2 expert episode: the summarizing failure modes). opencode: the oldest tool result
+    # is pruned to a placeholder before the last act call and nothing is summarized, so the final context
+    # still holds the earlier responses, next to a placeholder they never saw (the pruning failure mode).
+    budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 438})
     max_turns: int = 6
     max_new_tokens: int = 64
     # --- model and pretraining
@@ -63,11 +64,11 @@ class DemoConfig:
     pretrain_steps: int = 600
     # --- warm start on uncompressed episodes (method-neutral)
     warm_episodes: int = 2400
-    warm_steps: int = 300
+    warm_steps: int = 500
     warm_lr: float = 1e-3
     # --- SFT per method on compressed episodes
     sft_episodes: int = 480  # split evenly over the harnesses
-    sft_steps: int = 60
+    sft_steps: int = 80
     sft_batch: int = 8
     sft_lr: float = 5e-4
     # --- GRPO per method (under the first harness)
@@ -77,7 +78,7 @@ class DemoConfig:
     rl_lr: float = 2e-4
     sdcc_lambda: float = 1.0
     # --- evaluation
-    eval_tasks: int = 24
+    eval_tasks: int = 32
     methods: tuple[str, ...] = METHODS
 
 

@@ -34,8 +34,9 @@ class EvalConfig:
     samples: int = 1  # episodes per task (each its own seed)
     seed: int = 0  # run seed: the per-episode seeds derive from it, identically for model and baseline
     split: str | None = "test"  # task split evaluated (None: all)
+    env: str = "websearch"  # environment (memorywalker.rollout.ENVIRONMENTS): websearch | vault
     world_seed: int = 0
-    world_size: dict[str, int] = field(default_factory=dict)  # WebSearchEnv world size (the demo's is small)
+    world_size: dict[str, int] = field(default_factory=dict)  # websearch only: World.generate's sizes
     temperature: float = 0.0  # decoding: 0 = greedy
     max_new_tokens: int = 128  # decoding: response length limit (hitting it = a truncated proposal)
     alpha: float = 0.05  # family-wise error level of the intervals
@@ -57,12 +58,12 @@ class Candidate:
 def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) -> Candidate:
     """``expert`` (the scripted solver; needs ``tokenizer``), a model directory, or an adapter directory
     (``adapter_manifest.json`` inside: its base is loaded from the manifest and checked by hash)."""
-    from memorywalker.rollout import ExpertPolicy, HFPolicy
+    from memorywalker.rollout import HFPolicy
 
     if spec == "expert":
         if tokenizer is None:
             raise ValueError("--model/--baseline expert needs --tokenizer DIR (or a model to take it from)")
-        return Candidate(label, ExpertPolicy(), tokenizer, {"policy": "expert", **_tokenizer_pins(tokenizer)})
+        return Candidate(label, make_env(cfg).expert(), tokenizer, {"policy": "expert", **_tokenizer_pins(tokenizer)})
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,6 +90,19 @@ def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) ->
     pins.update(_tokenizer_pins(tok))
     policy = HFPolicy.from_model(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     return Candidate(label, policy, tok, pins, _trained_suites(path))
+
+
+def make_env(cfg: EvalConfig):
+    """The environment ``cfg`` names (``world_size`` applies to the web-search world only)."""
+    from memorywalker.rollout import ENVIRONMENTS, WebSearchEnv
+
+    if cfg.env not in ENVIRONMENTS:
+        raise ValueError(f"unknown env {cfg.env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    if cfg.env == "websearch":
+        return WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    if cfg.world_size:
+        raise ValueError(f"world_size applies to env websearch only, not {cfg.env}")
+    return ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
 
 
 def _tokenizer_pins(tok) -> dict[str, str]:
@@ -137,12 +151,12 @@ def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: P
 def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candidate | None = None,
              *, progress: bool = False) -> dict[str, Any]:
     """Run ``model`` (and ``baseline``) on every suite; write episodes and ``report.json``; return the report."""
-    from memorywalker.rollout import HarnessConfig, WebSearchEnv
+    from memorywalker.rollout import HarnessConfig
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
-    env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    env = make_env(cfg)
     cands = [c for c in (model, baseline) if c is not None]
     rows: dict[str, dict[str, list]] = {c.label: {} for c in cands}
     bar = None

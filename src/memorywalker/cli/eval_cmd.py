@@ -1,8 +1,7 @@
 """``memorywalker eval``: closed-loop evaluation of a checkpoint, optionally paired against a baseline.
 
-    memorywalker eval --model runs/demo/rl-sdcc/final --baseline runs/demo/sft/final --suites lookup,bridge \\
-        --harness claude-code --budget 500 --max-steps 5 --max-new-tokens 48 --n 16 \\
-        --world-size n_cities=2,n_companies=3,n_people=3,n_distractors=2 -o eval/
+    memorywalker eval --model runs/demo/rl-sdcc/final --baseline runs/demo/sft-sdcc/final --env vault \\
+        --suites recall-2,recall-3 --harness claude-code --budget 260 --max-steps 6 --max-new-tokens 64 --n 16 -o eval/
 
 Writes ``DIR/report.json`` and the episodes (``DIR/model-<suite>.jsonl``, ``DIR/baseline-<suite>.jsonl``)
 and prints the tables. docs/eval.md defines every number.
@@ -50,6 +49,7 @@ def eval_cmd(
     budget: int = typer.Option(2048, "--budget", help="harness context budget in prompt tokens"),
     max_steps: int = typer.Option(32, "--max-steps", min=1, help="act calls per episode (running out = failure)"),
     max_context: int = typer.Option(8192, "--max-context", help="hard context window in tokens"),
+    env: str = typer.Option("websearch", "--env", help="environment: websearch | vault"),
     world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
     world_size: str = typer.Option(None, "--world-size", help="e.g. n_cities=2,n_companies=3,n_people=3,n_distractors=2"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="sampling temperature (0 = greedy)"),
@@ -65,12 +65,18 @@ def eval_cmd(
     from rich.console import Console
 
     from memorywalker.evaluate import EvalConfig, evaluate, load_candidate, report_tables
-    from memorywalker.rollout import COMPRESSORS, SUITES
+    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS
 
+    if env not in ENVIRONMENTS:
+        raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    valid = ENVIRONMENTS[env].suites
     suites = tuple(s.strip() for s in suite.split(",") if s.strip())
-    unknown = [s for s in suites if s not in SUITES]
+    unknown = [s for s in suites if s not in valid]
     if not suites or unknown:
-        raise typer.BadParameter(f"unknown suite {unknown[0] if unknown else suite!r}; valid: {', '.join(SUITES)}")
+        raise typer.BadParameter(f"unknown suite {unknown[0] if unknown else suite!r} of env {env}; "
+                                 f"valid: {', '.join(valid)}")
+    if world_size and env != "websearch":
+        raise typer.BadParameter(f"--world-size applies to --env websearch only, not {env}")
     if len(set(suites)) != len(suites):
         raise typer.BadParameter(f"--suites lists a suite twice: {suite}")
     if harness not in COMPRESSORS:
@@ -78,7 +84,7 @@ def eval_cmd(
     if split not in ("train", "valid", "test", "all"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test, all")
     cfg = EvalConfig(suites=suites, harness=harness, budget=budget, max_steps=max_steps, max_context=max_context,
-                     n=n, samples=samples, seed=seed, split=None if split == "all" else split, world_seed=world_seed,
+                     n=n, samples=samples, seed=seed, split=None if split == "all" else split, env=env, world_seed=world_seed,
                      world_size=parse_world_size(world_size), temperature=temperature,
                      max_new_tokens=max_new_tokens, alpha=alpha, resamples=resamples, device=device)
     tok = None

@@ -89,7 +89,7 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
         opt.step()
         losses.append(loss.item())
         if log is not None and (step % 100 == 0 or step == steps - 1):
-            log(f"[pretrain] step {step + 1}/{steps} copy {float(copy_loss):.3f} lm {float(lm_loss):.3f}")
+            log(f"[pretrain] step {step + 1}/{steps} copy {copy_loss.item():.3f} lm {lm_loss.item():.3f}")
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)

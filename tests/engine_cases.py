@@ -1,6 +1,7 @@
 """Shared cases for the layout / attention / engine tests: tiny models and random trees.
 
-Imported by ``tests/test_layout*.py``, ``test_attention*.py``, ``test_engine*.py``, ``test_bench*.py``.
+Imported by ``tests/test_layout*.py``, ``test_attention*.py``, ``test_engine*.py``, ``test_bench*.py``,
+``test_gap.py`` and ``test_viewer.py``.
 """
 
 from __future__ import annotations
@@ -73,3 +74,17 @@ def max_rel_grad_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         ref = y.norm().item()
         out = max(out, (x - y).norm().item() / (ref if ref > 0 else 1.0))
     return out
+
+
+def with_rollout_logprobs(model, renderer, traj):
+    """``traj`` with each call's rollout logprobs from a plain causal forward of its own S_t."""
+    rt = renderer.render(traj)
+    calls = []
+    for call, rc in zip(traj.calls, rt.calls, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([rc.tokens])).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(rc.tokens[1:])[:, None])[:, 0]
+        calls.append(call.model_copy(update={
+            "context_tokens": rc.tokens[: rc.prompt_len], "response_tokens": rc.tokens[rc.prompt_len:],
+            "rollout_logprobs": lp[rc.prompt_len - 1:].tolist()}))
+    return traj.model_copy(update={"calls": calls})

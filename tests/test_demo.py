@@ -32,7 +32,7 @@ def test_outputs_are_written(demo):
     out, doc = demo
     saved = json.loads((out / "results.json").read_text())
     assert list(saved["methods"]) == list(METHODS)
-    for m, r in saved["methods"].items():
+    for r in saved["methods"].values():
         for stage in ("sft", "rl"):
             for h in TINY.harnesses:
                 ev = r[stage][h]

@@ -5,28 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
+from engine_cases import with_rollout_logprobs
 from memorywalker.metrics.gap import evictions_before_calls, gap_report
 from memorywalker.records import TrajectoryBuilder, TrajectoryWriter
 from memorywalker.render import Renderer
 from memorywalker.rollout import ExpertPolicy, HarnessConfig, WebSearchEnv, rollout
-
-
-def with_rollout_logprobs(model, renderer, traj):
-    """``traj`` with each call's rollout logprobs from a plain causal forward of its own S_t."""
-    rt = renderer.render(traj)
-    calls = []
-    for call, rc in zip(traj.calls, rt.calls, strict=True):
-        with torch.no_grad():
-            logits = model(torch.tensor([rc.tokens])).logits[0].float()
-        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(rc.tokens[1:])[:, None])[:, 0]
-        calls.append(call.model_copy(update={
-            "context_tokens": rc.tokens[: rc.prompt_len], "response_tokens": rc.tokens[rc.prompt_len:],
-            "rollout_logprobs": lp[rc.prompt_len - 1:].tolist()}))
-    return traj.model_copy(update={"calls": calls})
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
+from engine_cases import with_rollout_logprobs
 from memorywalker.cli.main import app
 from memorywalker.importers import run_import
 from memorywalker.records import write_trajectories
@@ -127,16 +127,8 @@ def demo_episode(kit, tokenizer):
                        suite="lookup", n=1, seed=0)
     traj = trajs[0]
     assert traj.evictions
-    rt = Renderer(tokenizer).render(traj)
-    calls = []
-    for call, rc in zip(traj.calls, rt.calls, strict=True):
-        with torch.no_grad():
-            logits = model(torch.tensor([rc.tokens])).logits[0].float()
-        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(rc.tokens[1:])[:, None])[:, 0]
-        calls.append(call.model_copy(update={
-            "context_tokens": rc.tokens[: rc.prompt_len], "response_tokens": rc.tokens[rc.prompt_len:],
-            "rollout_logprobs": lp[rc.prompt_len - 1:].tolist()}))
-    return traj.model_copy(update={"calls": calls}), rt
+    renderer = Renderer(tokenizer)
+    return with_rollout_logprobs(model, renderer, traj), renderer.render(traj)
 
 
 def test_viewer_on_a_demo_episode_with_gap_heat_map(browser, demo_episode, kit, tmp_path):

@@ -21,6 +21,8 @@ def demo(
     from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
     from memorywalker.demo import FULL, QUICK, readme_table, results_table, run_demo, run_seeds, seeds_table
 
+    if seeds > 1 and check_readme is not None:
+        raise typer.BadParameter("--check-readme compares one run (seed 0) with the README; drop --seeds")
     cfg = replace(QUICK if quick else FULL, seed=seed)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if seeds > 1:

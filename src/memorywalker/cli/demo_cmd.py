@@ -22,7 +22,7 @@ def demo(
     from memorywalker.demo import FULL, QUICK, readme_table, results_table, run_demo, run_seeds, seeds_table
 
     if seeds > 1 and check_readme is not None:
-        raise typer.BadParameter("--check-readme compares one run (seed 0) with the README; drop --seeds")
+        raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")
     cfg = replace(QUICK if quick else FULL, seed=seed)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if seeds > 1:

@@ -31,6 +31,7 @@ def test_tasks_are_deterministic_and_split_by_group():
 
 def test_observations_and_errors():
     env = VaultEnv(0)
+    assert env.step("answer", {"text": "x"}).observation.startswith("Error: no episode")
     task = env.task("recall-2", 0)
     env.reset(task)
     box, code = task.meta["boxes"][0], task.meta["codes"][0]

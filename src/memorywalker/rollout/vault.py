@@ -96,6 +96,7 @@ class VaultEnv(Environment):
         self.filler = filler  # filler sentences per observation: longer observations compress sooner
         self._codes: dict[str, str] = {}
         self._task: Task | None = None
+        self._rng = random.Random(0)  # filler of the current episode (reseeded by reset)
 
     def tools(self) -> list[ToolSchema]:
         return list(TOOLS)
@@ -107,6 +108,8 @@ class VaultEnv(Environment):
         boxes = rng.sample(NAMES, SUITES[suite])
         codes = [rng.choice(CODES) for _ in boxes]
         question = f"Report the codes of boxes {', '.join(boxes)}, in this order."
+        # A task is its boxes and their codes: the same boxes with other codes is another task (and may
+        # land in another split; its answer differs, so nothing leaks).
         group = f"{suite}:{' '.join(boxes)}:{' '.join(codes)}"
         return Task(id=f"{suite}-{index:05d}", group=group, split=split_of(f"{self.world_seed}:{group}"),
                     suite=suite, answer=" ".join(codes),
@@ -123,6 +126,8 @@ class VaultEnv(Environment):
         return task.meta["question"]
 
     def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        if self._task is None:
+            return StepResult("Error: no episode is running (reset first).")
         arg = {"open": "box", "answer": "text"}.get(name)
         if arg is None:
             return StepResult(f"Error: unknown tool {name!r}. Valid tools: open, answer.")
@@ -136,7 +141,6 @@ class VaultEnv(Environment):
             filler = [s.format(n=self._rng.randint(2, 90), year=self._rng.randint(1950, 2020))
                       for s in self._rng.sample(_FILLER, self.filler)]
             return StepResult("\n".join([f"The label reads: {box} {self._codes[box]}", *filler]))
-        assert self._task is not None
         reward = graded_reward(value, self._task.meta["codes"])
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 

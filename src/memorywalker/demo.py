@@ -62,6 +62,7 @@ class DemoConfig:
     hidden_size: int = 128
     num_layers: int = 4
     pretrain_steps: int = 600
+    pretrain_max_offset: int = 320  # copy rows start up to this many tokens in (transcript positions)
     # --- warm start on uncompressed episodes (method-neutral)
     warm_episodes: int = 2400
     warm_steps: int = 500
@@ -118,7 +119,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
                             num_heads=4, num_kv_heads=2, seed=cfg.seed)
     t0 = time.perf_counter()
     base_dir, pre_loss = pretrain(model_dir, out / "kit" / "pretrained", corpus, steps=cfg.pretrain_steps,
-                                  seed=cfg.seed, log=log)
+                                  max_offset=cfg.pretrain_max_offset, seed=cfg.seed, log=log)
     log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre_loss[0]:.3f} -> "
         f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 

@@ -53,12 +53,28 @@ def copy_row(gen: random.Random, vocab: int, separators: list[int], first: int) 
     return x + x, [-100] * COPY_LEN + x
 
 
+def _offset(gen: random.Random, row: tuple[list[int], list[int]], stream: list[int], max_offset: int, vocab: int,
+            first: int) -> tuple[list[int], list[int]]:
+    """``row`` after a corpus window of 0..``max_offset`` tokens, its copies 0..32 random tokens apart."""
+    ids, labels = row
+    n = gen.randint(0, max_offset)
+    s = gen.randrange(len(stream) - n) if n else 0
+    prefix = stream[s:s + n]
+    gap = [gen.randrange(first, vocab) for _ in range(gen.randint(0, 32))]
+    x = ids[:COPY_LEN]
+    return prefix + x + gap + x, [-100] * (len(prefix) + COPY_LEN + len(gap)) + x
+
+
 def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: Iterable[str], *, steps: int = 400,
-             batch_size: int = 32, lr: float = 1e-3, seed: int = 0, log=None) -> tuple[Path, list[float]]:
+             batch_size: int = 32, lr: float = 1e-3, seed: int = 0, max_offset: int = 0,
+             log=None) -> tuple[Path, list[float]]:
     """Train the model in ``model_dir`` on the copy/LM mix; save it (with its tokenizer) to ``out_dir``.
 
     Returns the directory and the loss of every step. Each step is ``batch_size // 2`` copy rows and as
-    many corpus windows, AdamW at a constant ``lr``.
+    many corpus windows, AdamW at a constant ``lr``. With ``max_offset`` > 0 each copy row starts after
+    a corpus window of 0..``max_offset`` tokens and its two copies are 0..32 random tokens apart, so the
+    copying is learned at the positions and distances an agent transcript has, not only in the first
+    64 positions.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,12 +95,16 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     half = batch_size // 2
     for step in range(steps):
         rows = [copy_row(gen, len(tok), separators, first) for _ in range(half)]
+        if max_offset:
+            rows = [_offset(gen, r, stream, max_offset, len(tok), first) for r in rows]
         starts = [gen.randrange(len(stream) - LM_LEN) for _ in range(batch_size - half)]
-        copy_ids = torch.tensor([r[0] for r in rows])
-        copy_labels = torch.tensor([r[1] for r in rows])
+        width = max(len(r[0]) for r in rows)  # right padding: masked out, no label
+        copy_ids = torch.tensor([r[0] + [0] * (width - len(r[0])) for r in rows])
+        copy_labels = torch.tensor([r[1] + [-100] * (width - len(r[1])) for r in rows])
+        copy_mask = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
         lm_ids = torch.tensor([stream[s:s + LM_LEN] for s in starts])
         # Two forwards (the rows differ in length); one loss averaged over both halves' targets.
-        copy_loss = model(input_ids=copy_ids, labels=copy_labels).loss
+        copy_loss = model(input_ids=copy_ids, attention_mask=copy_mask, labels=copy_labels).loss
         lm_loss = model(input_ids=lm_ids, labels=lm_ids).loss
         loss = (copy_loss + lm_loss) / 2
         opt.zero_grad(set_to_none=True)

@@ -23,9 +23,8 @@ in the right place, so GRPO groups have variance long before an agent solves who
 
 Names and codes are short words a byte-level BPE trained on this environment's text keeps as single
 tokens (:meth:`VaultEnv.corpus`), and episodes are short (``k`` + 1 act calls), to make the task as
-easy as it can be for a tiny model trained on a CPU. Measured (README, demo section): the demo's
-0.85M-parameter model learns the protocol and the box names in minutes but not to copy the codes, so
-its held-out reward stays near 0.
+easy as it can be for a tiny model trained on a CPU (the demo's 0.85M-parameter model: README, demo
+section).
 
 Suites: ``recall-2``, ``recall-3``, ``recall-4`` (``k`` boxes). :class:`VaultExpert` is the scripted
 expert: a pure function of the delivered context, so it succeeds exactly when its notes survive.

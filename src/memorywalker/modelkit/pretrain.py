@@ -59,7 +59,7 @@ def _offset(gen: random.Random, row: tuple[list[int], list[int]], stream: list[i
             first: int) -> tuple[list[int], list[int]]:
     """``row`` after a corpus window of 0..``max_offset`` tokens, its copies 0..32 random tokens apart."""
     ids, labels = row
-    n = gen.randint(0, max_offset)
+    n = gen.randint(0, min(max_offset, len(stream) - 1))  # the corpus is longer than LM_LEN (checked)
     s = gen.randrange(len(stream) - n) if n else 0
     prefix = stream[s:s + n]
     gap = [gen.randrange(first, vocab) for _ in range(gen.randint(0, 32))]

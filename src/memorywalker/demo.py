@@ -243,13 +243,9 @@ def readme_table(readme: str, name: str) -> str:
 
 def _eval_tasks(env, cfg: DemoConfig) -> list:
     """The first ``eval_tasks`` test-split tasks of the suite (the same for every method and stage)."""
-    tasks, index = [], 0
-    while len(tasks) < cfg.eval_tasks:
-        task = env.task(cfg.suite, index)
-        index += 1
-        if task.split == "test":
-            tasks.append(task)
-    return tasks
+    from memorywalker.rollout import plan
+
+    return [e.task for e in plan(env, cfg.suite, cfg.eval_tasks, seed=cfg.seed, harness="eval", split="test")]
 
 
 def _evaluate(model, tokenizer, env, harness: dict, tasks: list, method: str, cfg: DemoConfig, path: Path) -> dict:

@@ -65,6 +65,7 @@ def rollout_cmd(
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test")
+    environment = ENVIRONMENTS[env](world_seed=world_seed)  # built once: the expert is the environment's
     kind, _, arg = policy.partition(":")
     kwargs = {}
     if kind in ("hf", "openai"):
@@ -72,7 +73,7 @@ def rollout_cmd(
         if kind == "openai":
             kwargs.update(model=model, timeout=request_timeout, retries=retries)
     try:
-        pol = make_policy(policy, env=ENVIRONMENTS[env](world_seed=world_seed), **kwargs)
+        pol = make_policy(policy, env=environment, **kwargs)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if tokenizer is None:
@@ -87,7 +88,6 @@ def rollout_cmd(
     tok = AutoTokenizer.from_pretrained(tokenizer)
     config = HarnessConfig(harness, budget=budget, watermark=watermark, keep_recent=keep_recent,
                            max_steps=max_steps, max_context=max_context)
-    environment = ENVIRONMENTS[env](world_seed=world_seed)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
         from memorywalker.rollout.faults import FaultConfig, FaultInjector
 

@@ -8,21 +8,24 @@ from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_
 from memorywalker.rollout.vault import CODES, NAMES, VaultEnv, VaultExpert, graded_reward
 
 
-def test_graded_reward_is_the_fraction_of_codes_in_place():
-    """Gold [amber, teal, rose]: 'amber rose teal' has position 0 right, 1 and 2 swapped -> 1/3; a missing
-    tail counts as wrong ('amber teal' -> 2/3); case and punctuation are normalized."""
-    gold = ["amber", "teal", "rose"]
-    assert graded_reward("amber rose teal", gold) == pytest.approx(1 / 3)
-    assert graded_reward("amber teal", gold) == pytest.approx(2 / 3)
-    assert graded_reward("Amber, TEAL, rose.", gold) == 1.0
-    assert graded_reward("rose amber teal", gold) == 0.0
+def test_graded_reward_is_the_fraction_of_boxes_paired_with_their_code():
+    """Gold kal amber, mor teal, tis rose. 'kal amber, mor rose, tis teal': kal right, mor and tis swapped
+    -> 1/3; a missing box counts as wrong ('kal amber, mor teal' -> 2/3); order does not matter, case and
+    punctuation are normalized; only a box's first mention counts ('kal teal, kal amber' -> 0); codes
+    without names pair nothing ('amber teal rose' -> 0)."""
+    boxes, codes = ["kal", "mor", "tis"], ["amber", "teal", "rose"]
+    assert graded_reward("kal amber, mor rose, tis teal", boxes, codes) == pytest.approx(1 / 3)
+    assert graded_reward("kal amber, mor teal", boxes, codes) == pytest.approx(2 / 3)
+    assert graded_reward("TIS rose. Kal amber; mor teal", boxes, codes) == 1.0
+    assert graded_reward("kal teal, kal amber", boxes, codes) == 0.0
+    assert graded_reward("amber teal rose", boxes, codes) == 0.0
 
 
 def test_tasks_are_deterministic_and_split_by_group():
     env = VaultEnv(0)
     a, b = env.task("recall-3", 7), env.task("recall-3", 7)
     assert a == b and len(a.meta["boxes"]) == 3 == len(set(a.meta["boxes"]))
-    assert a.answer == " ".join(a.meta["codes"])
+    assert a.answer == ", ".join(f"{b} {c}" for b, c in zip(a.meta["boxes"], a.meta["codes"]))
     splits = {env.task("recall-3", i).split for i in range(200)}
     assert splits == {"train", "valid", "test"}
     with pytest.raises(ValueError, match="unknown suite"):
@@ -40,7 +43,7 @@ def test_observations_and_errors():
     assert env.step("open", {"box": "nosuchbox"}).observation.startswith("Error: no box")
     assert env.step("open", {"page": box}).observation.startswith("Error: open needs")
     assert env.step("search", {"query": box}).observation.startswith("Error: unknown tool")
-    done = env.step("answer", {"text": f"{code} wrong"})
+    done = env.step("answer", {"text": f"{box} {code}, {task.meta['boxes'][1]} wrong"})
     assert done.done and done.reward == 0.5
 
 

@@ -1,30 +1,30 @@
 """``vault``: recall tasks a small model trained on a CPU learns, where compression decides the reward.
 
 A task names ``k`` boxes; each box holds a code word that only its ``open`` observation shows, and the
-answer is the codes in the order the task names the boxes::
+answer pairs every box with its code::
 
-    user:      Report the codes of boxes kal, mor, tis, in this order.
+    user:      Report the codes of boxes kal, mor, tis.
     assistant: <tool_call> open {"box": "kal"} </tool_call>
-    tool:      Box kal
-               code: amber
-               The box is dusty. It holds 41 old keys. ...
-    assistant: Notes:
-               - kal | code: amber
+    tool:      The label reads: kal amber
+               The box is dusty and its lid is loose. It holds 41 old keys and a torn map.
+    assistant: Notes: kal amber
                <tool_call> open {"box": "mor"} </tool_call>
     ...
-    assistant: Notes: ... <tool_call> answer {"text": "amber teal rose"} </tool_call>
+    assistant: Notes: kal amber, mor teal, tis rose
+               <tool_call> answer {"text": "kal amber, mor teal, tis rose"} </tool_call>
 
 Codes are drawn per task (a box's code differs between tasks), so a model cannot memorize them: it
 has to copy each code from the observation into its notes, and the observations are what a harness
 evicts first (Claude Code compaction summarizes the history, OpenCode pruning replaces old tool
 results by a placeholder). The answer is right only for the codes the agent carried across every
-compression in its own notes or summaries. The reward is graded: the fraction of boxes whose code is
-in the right place, so GRPO groups have variance long before an agent solves whole tasks.
+compression in its own notes or summaries. The reward is graded: the fraction of the task's boxes the
+answer pairs with their code, so GRPO groups have variance long before an agent solves whole tasks.
 
 Names and codes are short words a byte-level BPE trained on this environment's text keeps as single
-tokens (:meth:`VaultEnv.corpus`), and episodes are short (``k`` + 1 act calls), to make the task as
-easy as it can be for a tiny model trained on a CPU (the demo's 0.85M-parameter model: README, demo
-section).
+tokens (:meth:`VaultEnv.corpus`), episodes are short (``k`` + 1 act calls), and every note, summary
+and answer is the previous notes plus the newest label, written the same way (``name code`` pairs):
+each is a copy of text already in the context, the easiest skill for a tiny model trained on a CPU
+(the demo's 0.85M-parameter model: README, demo section).
 
 Suites: ``recall-2``, ``recall-3``, ``recall-4`` (``k`` boxes). :class:`VaultExpert` is the scripted
 expert: a pure function of the delivered context, so it succeeds exactly when its notes survive.
@@ -58,31 +58,45 @@ _FILLER = [
 SUITES = {"recall-2": 2, "recall-3": 3, "recall-4": 4}
 
 SYSTEM_PROMPT = (
-    "Open each box the task names. Old tool results get removed, so before each call note every code you "
-    "know as '- box code'. Then answer with the codes in order."
+    "Open each box the task names. Old tool results get removed, so before each call write 'Notes:' and every "
+    "box and code you know, as 'box code' pairs. Then answer with the same pairs."
 )
 
 TOOLS = [
     ToolSchema(name="open", description="Open a box.",
                parameters={"type": "object", "properties": {"box": {"type": "string"}}, "required": ["box"]}),
-    ToolSchema(name="answer", description="The codes in order.",
+    ToolSchema(name="answer", description="Each box and its code.",
                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
 ]
 
-NOTE_RE = re.compile(r"^- (\w+) (\w+)$", re.M)
+NOTES_RE = re.compile(r"^Notes:(.*)$", re.M)
+PAIR_RE = re.compile(r"(\w+) (\w+)")
 OBS_RE = re.compile(r"^The label reads: (\w+) (\w+)$", re.M)
+QUESTION_RE = re.compile(r"Report the codes of boxes ([\w, ]+)\.")
 
 
-def graded_reward(prediction: str, codes: list[str]) -> float:
-    """Fraction of positions whose predicted code word equals the gold code.
+def pairs_text(pairs: list[tuple[str, str]]) -> str:
+    """How notes, summaries and answers write boxes and codes.
 
-    >>> graded_reward("amber teal rose", ["amber", "mint", "rose"])
+    >>> pairs_text([("kal", "amber"), ("mor", "teal")])
+    'kal amber, mor teal'
+    """
+    return ", ".join(f"{box} {code}" for box, code in pairs)
+
+
+def graded_reward(prediction: str, boxes: list[str], codes: list[str]) -> float:
+    """Fraction of the task's boxes whose name the answer follows by the right code (first mention counts).
+
+    >>> graded_reward("kal amber, mor mint, tis rose", ["kal", "mor", "tis"], ["amber", "teal", "rose"])
     0.6666666666666666
-    >>> graded_reward("Amber.", ["amber", "teal"]), graded_reward("", ["amber"])
+    >>> graded_reward("Mor teal. kal teal", ["kal", "mor"], ["amber", "teal"]), graded_reward("", ["kal"], ["amber"])
     (0.5, 0.0)
     """
     words = normalize_answer(prediction).split()
-    return sum(i < len(words) and words[i] == c for i, c in enumerate(codes)) / len(codes)
+    said = {}
+    for name, code in zip(words, words[1:]):
+        said.setdefault(name, code)
+    return sum(said.get(b) == c for b, c in zip(boxes, codes, strict=True)) / len(boxes)
 
 
 class VaultEnv(Environment):
@@ -106,12 +120,12 @@ class VaultEnv(Environment):
         rng = random.Random(f"vault-{self.world_seed}-{suite}-{index}")
         boxes = rng.sample(NAMES, SUITES[suite])
         codes = [rng.choice(CODES) for _ in boxes]
-        question = f"Report the codes of boxes {', '.join(boxes)}, in this order."
+        question = f"Report the codes of boxes {', '.join(boxes)}."
         # A task is its boxes and their codes: the same boxes with other codes is another task (and may
         # land in another split; its answer differs, so nothing leaks).
         group = f"{suite}:{' '.join(boxes)}:{' '.join(codes)}"
         return Task(id=f"{suite}-{index:05d}", group=group, split=split_of(f"{self.world_seed}:{group}"),
-                    suite=suite, answer=" ".join(codes),
+                    suite=suite, answer=pairs_text(list(zip(boxes, codes))),
                     meta={"question": question, "boxes": boxes, "codes": codes, "index": index,
                           "world_seed": self.world_seed})
 
@@ -140,7 +154,7 @@ class VaultEnv(Environment):
             filler = [s.format(n=self._rng.randint(2, 90), year=self._rng.randint(1950, 2020))
                       for s in self._rng.sample(_FILLER, self.filler)]
             return StepResult("\n".join([f"The label reads: {box} {self._codes[box]}", *filler]))
-        reward = graded_reward(value, self._task.meta["codes"])
+        reward = graded_reward(value, self._task.meta["boxes"], self._task.meta["codes"])
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
     def expert(self) -> VaultExpert:
@@ -152,9 +166,10 @@ class VaultEnv(Environment):
         out = [SYSTEM_PROMPT, *(t.description for t in TOOLS)]
         for _ in range(n):
             boxes = rng.sample(NAMES, 3)
-            out.append(f"Report the codes of boxes {', '.join(boxes)}, in this order.")
-            out.append("\n".join(f"- {b} {rng.choice(CODES)}" for b in boxes))
-            out.append(f'{{"box": "{boxes[0]}"}} {{"text": "{" ".join(rng.choice(CODES) for _ in boxes)}"}}')
+            notes = pairs_text([(b, rng.choice(CODES)) for b in boxes])
+            out.append(f"Report the codes of boxes {', '.join(boxes)}.")
+            out.append(f"Notes: {notes}")
+            out.append(f'{{"box": "{boxes[0]}"}} {{"text": "{notes}"}}')
         return out
 
     def config(self) -> dict[str, Any]:
@@ -164,33 +179,37 @@ class VaultEnv(Environment):
 class VaultExpert:
     """Opens the task's boxes in order and answers from the notes its context shows.
 
-    Stateless: every response is computed from the delivered context alone — notes in assistant turns
-    and harness artifacts (summaries), plus the box observations still in the context — and restates
-    all notes, so it succeeds exactly when the harness keeps them.
+    Stateless: every response is computed from the delivered context alone — the question, the
+    ``Notes:`` lines of assistant turns and harness artifacts (summaries), plus the box observations
+    still in the context — and restates all notes, so it succeeds exactly when the harness keeps them.
     """
 
     name = "expert"
 
     def start(self, task: Task) -> None:
-        self.boxes: list[str] = task.meta["boxes"]
+        pass
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "env": "vault"}
 
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
         notes: dict[str, str] = {}
+        boxes: list[str] = []
         for m in request.messages:
+            if m.role == "user" and not boxes and (q := QUESTION_RE.search(m.content)):
+                boxes = q.group(1).split(", ")
             if m.role == "assistant" or m.is_artifact:
-                notes.update(NOTE_RE.findall(m.content))
+                for line in NOTES_RE.findall(m.content):
+                    notes.update(PAIR_RE.findall(line))
             elif m.role == "tool":
                 notes.update(OBS_RE.findall(m.content))
-        known = [b for b in self.boxes if b in notes]
-        text = "Notes:\n" + "\n".join(f"- {b} {notes[b]}" for b in known) + "\n" if known else ""
+        known = pairs_text([(b, notes[b]) for b in boxes if b in notes])
+        text = f"Notes: {known}" if known else ""
         if request.purpose != "act":
             return PolicyOutput(message=Message(id="", role="assistant", content=text or "Notes: none",
                                                 author="model"))
-        todo = [b for b in self.boxes if b not in notes]
+        todo = [b for b in boxes if b not in notes]
         call = (ToolCall(id="", name="open", arguments={"box": todo[0]}) if todo else
-                ToolCall(id="", name="answer", arguments={"text": " ".join(notes[b] for b in self.boxes)}))
+                ToolCall(id="", name="answer", arguments={"text": known}))
         return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model",
                                             tool_calls=[call]), finish_reason="stop")

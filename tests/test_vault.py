@@ -25,7 +25,7 @@ def test_tasks_are_deterministic_and_split_by_group():
     env = VaultEnv(0)
     a, b = env.task("recall-3", 7), env.task("recall-3", 7)
     assert a == b and len(a.meta["boxes"]) == 3 == len(set(a.meta["boxes"]))
-    assert a.answer == ", ".join(f"{b} {c}" for b, c in zip(a.meta["boxes"], a.meta["codes"]))
+    assert a.answer == ", ".join(f"{b} {c}" for b, c in zip(a.meta["boxes"], a.meta["codes"], strict=True))
     splits = {env.task("recall-3", i).split for i in range(200)}
     assert splits == {"train", "valid", "test"}
     with pytest.raises(ValueError, match="unknown suite"):
@@ -79,3 +79,29 @@ def test_names_and_codes_are_single_tokens_for_a_tokenizer_trained_on_the_corpus
     tok = AutoTokenizer.from_pretrained(build_tokenizer(tmp_path, bundled_corpus() + VaultEnv(0).corpus(), vocab_size=1024))
     for word in NAMES + CODES:
         assert len(tok.tokenize(" " + word)) == 1, word
+
+
+def test_the_expert_reads_boxes_and_codes_from_the_context_only():
+    """No ``start(task)`` state: the boxes come from the question in the context, the codes from a
+    summary's notes (bel) and a label still in the context (fen), in the question's order."""
+    from memorywalker.records.schema import Message
+    from memorywalker.rollout.policies import PolicyRequest
+
+    def ask(*messages, purpose="act"):
+        msgs = [Message(id=f"m{i}", role=role, content=text, author=author)
+                for i, (role, author, text) in enumerate(messages)]
+        return VaultExpert()(PolicyRequest(prompt_ids=[], messages=msgs, tools=["open", "answer"], purpose=purpose,
+                                           call_index=0, seed=0)).message
+
+    question = ("user", "user", "Report the codes of boxes fen, bel.")
+    first = ask(question)
+    assert first.content == "" and first.tool_calls[0].arguments == {"box": "fen"}
+    summary = ("user", "harness", "Summary:\nNotes: bel rose")
+    label = ("tool", "environment", "The label reads: fen sand\nIt smells of oil and old paper.")
+    done = ask(question, summary, label)
+    assert done.content == "Notes: fen sand, bel rose"
+    assert done.tool_calls[0].name == "answer" and done.tool_calls[0].arguments == {"text": "fen sand, bel rose"}
+    assert ask(question, summary, label, purpose="summarize").content == "Notes: fen sand, bel rose"
+    assert ask(question, label, purpose="summarize").content == "Notes: fen sand\nNext: open bel"
+    # A context without the question: nothing to open, so it answers with nothing.
+    assert ask(summary).tool_calls[0].arguments == {"text": ""}

@@ -94,7 +94,7 @@ def graded_reward(prediction: str, boxes: list[str], codes: list[str]) -> float:
     """
     words = normalize_answer(prediction).split()
     said = {}
-    for name, code in zip(words, words[1:]):
+    for name, code in zip(words, words[1:], strict=False):
         said.setdefault(name, code)
     return sum(said.get(b) == c for b, c in zip(boxes, codes, strict=True)) / len(boxes)
 
@@ -125,7 +125,7 @@ class VaultEnv(Environment):
         # land in another split; its answer differs, so nothing leaks).
         group = f"{suite}:{' '.join(boxes)}:{' '.join(codes)}"
         return Task(id=f"{suite}-{index:05d}", group=group, split=split_of(f"{self.world_seed}:{group}"),
-                    suite=suite, answer=pairs_text(list(zip(boxes, codes))),
+                    suite=suite, answer=pairs_text(list(zip(boxes, codes, strict=True))),
                     meta={"question": question, "boxes": boxes, "codes": codes, "index": index,
                           "world_seed": self.world_seed})
 
@@ -182,6 +182,8 @@ class VaultExpert:
     Stateless: every response is computed from the delivered context alone — the question, the
     ``Notes:`` lines of assistant turns and harness artifacts (summaries), plus the box observations
     still in the context — and restates all notes, so it succeeds exactly when the harness keeps them.
+    A summary adds what remains to do (``Next: open mor``): the act call after a compaction then copies
+    the box to open from the summary instead of working it out from the question.
     """
 
     name = "expert"
@@ -205,10 +207,10 @@ class VaultExpert:
                 notes.update(OBS_RE.findall(m.content))
         known = pairs_text([(b, notes[b]) for b in boxes if b in notes])
         text = f"Notes: {known}" if known else ""
-        if request.purpose != "act":
-            return PolicyOutput(message=Message(id="", role="assistant", content=text or "Notes: none",
-                                                author="model"))
         todo = [b for b in boxes if b not in notes]
+        if request.purpose != "act":  # a summary: the notes and what remains to do
+            lines = [text or "Notes: none"] + ([f"Next: open {todo[0]}"] if todo else [])
+            return PolicyOutput(message=Message(id="", role="assistant", content="\n".join(lines), author="model"))
         call = (ToolCall(id="", name="open", arguments={"box": todo[0]}) if todo else
                 ToolCall(id="", name="answer", arguments={"text": known}))
         return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model",

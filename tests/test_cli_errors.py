@@ -207,3 +207,15 @@ def test_rollout_refuses_to_append_under_another_configuration(tmp_path, kit):
     res = runner.invoke(app, [*args, "--world-seed", "1", "--override-config"])
     assert res.exit_code == 0, res.output
     assert len(out.read_text().splitlines()) == 2
+
+
+# --- demo: --methods is checked before anything is built ----------------------------------------------
+
+def test_demo_methods_are_checked_before_the_run(tmp_path):
+    out = tmp_path / "demo"
+    line = one_line_error(runner.invoke(app, ["demo", "--methods", "radix,foo", "--out", str(out)]), "demo")
+    assert "unknown methods ['foo']" in line and "'radix'" in line
+    line = one_line_error(runner.invoke(app, ["demo", "--methods", "radix", "--check-readme", "README.md",
+                                              "--out", str(out)]), "demo")
+    assert "drop --methods" in line
+    assert not out.exists()

@@ -16,6 +16,8 @@ def demo(
     seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report mean and sd of each method's reward."),
     check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, compare its table with "
                                              "the one this README quotes (exit 1 when they differ)."),
+    methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: "
+                                       "every method but logit-tree and radix, which train what tree-mask trains)."),
 ):
     """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
     from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
@@ -24,6 +26,17 @@ def demo(
     if seeds > 1 and check_readme is not None:
         raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")
     cfg = replace(QUICK if quick else FULL, seed=seed)
+    if methods is not None:
+        from memorywalker.engine.methods import method_names
+
+        chosen = tuple(dict.fromkeys(m.strip() for m in methods.split(",") if m.strip()))
+        unknown = [m for m in chosen if m not in method_names(reference=False)]
+        if not chosen or unknown:
+            raise typer.BadParameter(f"unknown methods {unknown}; valid: {method_names(reference=False)}",
+                                     param_hint="--methods")
+        if check_readme is not None and chosen != cfg.methods:
+            raise typer.BadParameter("--check-readme compares the default methods with the README; drop --methods")
+        cfg = replace(cfg, methods=chosen)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if seeds > 1:
         doc = run_seeds(cfg, out, seeds, progress=sys.stderr.isatty(), log=log)

@@ -14,11 +14,22 @@ from dataclasses import replace
 
 import pytest
 
-from memorywalker.demo import METHODS, QUICK, REFERENCE, readme_table, results_table, run_demo
+from memorywalker.demo import (
+    METHODS,
+    QUICK,
+    REFERENCE,
+    readme_table,
+    results_table,
+    run_demo,
+    summary_call_records,
+)
+from memorywalker.records import check_trajectory
+from memorywalker.rollout import HarnessConfig, rollout
+from memorywalker.rollout.vault import VaultEnv, VaultExpert
 
-TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, warm_episodes=8, warm_steps=2, sft_episodes=8,
-               sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_turns=3, max_new_tokens=24,
-               methods=METHODS)
+TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, warm_episodes=8, warm_summaries=2, warm_steps=2,
+               sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_turns=3,
+               max_new_tokens=24, methods=("radix", *METHODS))
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +42,7 @@ def demo(tmp_path_factory):
 def test_outputs_are_written(demo):
     out, doc = demo
     saved = json.loads((out / "results.json").read_text())
-    assert list(saved["methods"]) == list(METHODS)
+    assert list(saved["methods"]) == list(TINY.methods)
     for r in saved["methods"].values():
         for stage in ("sft", "rl"):
             for h in TINY.harnesses:
@@ -80,3 +91,21 @@ def test_readme_table_block_is_found_and_compared_verbatim():
     assert readme_table(readme, "quick") == "| a | b |"
     with pytest.raises(ValueError, match="demo-table:full"):
         readme_table(readme, "full")
+
+
+def test_summary_call_records_are_the_summarization_calls_as_delivered(tokenizer, renderer):
+    """Under claude-code at budget 260 the expert compacts before every act call (test_vault), so a
+    recall-3 episode has >= 2 summarize calls; each becomes a valid one-call record, child of the episode,
+    whose rendering is token for token the call as it was delivered, targets included."""
+    episodes, _ = rollout(VaultEnv(0), VaultExpert(), tokenizer, HarnessConfig("claude-code", budget=260),
+                          suite="recall-3", n=2, seed=0, split="train")
+    for t in episodes:
+        summarize = [i for i, c in enumerate(t.calls) if c.purpose == "summarize"]
+        side = summary_call_records(t)
+        assert len(side) == len(summarize) >= 2
+        whole = renderer.render(t)
+        for rec, i in zip(side, summarize, strict=True):
+            check_trajectory(rec, vocab_size=len(tokenizer))
+            assert len(rec.calls) == 1 and not rec.evictions and rec.lineage.parent == t.id
+            one = renderer.render(rec).calls[0]
+            assert one.targets and (one.tokens, one.targets) == (whole.calls[i].tokens, whole.calls[i].targets)

@@ -64,7 +64,7 @@ class DemoConfig:
     num_layers: int = 4
     pretrain_steps: int = 600
     pretrain_max_offset: int = 320  # copy rows start up to this many tokens in (transcript positions)
-    # --- warm start on uncompressed episodes (method-neutral)
+    # --- warm start on uncompressed episodes and single summarization calls (method-neutral)
     warm_episodes: int = 2400
     warm_summaries: int = 1200  # claude-code episodes whose summarization calls join the warm start, one record each
     warm_steps: int = 500

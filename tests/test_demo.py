@@ -101,10 +101,10 @@ def test_summary_call_records_are_the_summarization_calls_as_delivered(tokenizer
                           suite="recall-3", n=2, seed=0, split="train")
     for t in episodes:
         summarize = [i for i, c in enumerate(t.calls) if c.purpose == "summarize"]
-        side = summary_call_records(t)
-        assert len(side) == len(summarize) >= 2
+        records = summary_call_records(t)
+        assert len(records) == len(summarize) >= 2
         whole = renderer.render(t)
-        for rec, i in zip(side, summarize, strict=True):
+        for rec, i in zip(records, summarize, strict=True):
             check_trajectory(rec, vocab_size=len(tokenizer))
             assert len(rec.calls) == 1 and not rec.evictions and rec.lineage.parent == t.id
             one = renderer.render(rec).calls[0]

@@ -73,12 +73,12 @@ def bench_engines(
     json_out: str = typer.Option(None, "--json", help="write the results as JSON to this path ('-' = stdout)"),
 ) -> None:
     """Tokens, passes, time per tree, peak memory and logprob error vs a plain per-call forward, per method."""
-    from memorywalker.engine import METHODS
+    from memorywalker.engine.methods import method_names, parse_methods
 
-    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else list(METHODS)
-    unknown = [m for m in chosen if m not in METHODS]
-    if unknown:
-        raise typer.BadParameter(f"unknown methods {unknown}; valid: {list(METHODS)}")
+    try:
+        chosen = list(parse_methods(methods)) if methods else method_names()
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--methods") from None
     if data is None and evictions >= turns:
         raise typer.BadParameter(f"--evictions ({evictions}) must be < --turns ({turns})")
     result = run_bench(turns=turns, evictions=evictions, words=words, retries=retries, trajectories=trajectories,

@@ -27,13 +27,12 @@ def demo(
         raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")
     cfg = replace(QUICK if quick else FULL, seed=seed)
     if methods is not None:
-        from memorywalker.engine.methods import method_names
+        from memorywalker.engine.methods import parse_methods
 
-        chosen = tuple(dict.fromkeys(m.strip() for m in methods.split(",") if m.strip()))
-        unknown = [m for m in chosen if m not in method_names(reference=False)]
-        if not chosen or unknown:
-            raise typer.BadParameter(f"unknown methods {unknown}; valid: {method_names(reference=False)}",
-                                     param_hint="--methods")
+        try:
+            chosen = parse_methods(methods, reference=False)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--methods") from None
         if check_readme is not None and chosen != cfg.methods:
             raise typer.BadParameter("--check-readme compares the default methods with the README; drop --methods")
         cfg = replace(cfg, methods=chosen)

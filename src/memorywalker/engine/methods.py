@@ -99,6 +99,17 @@ def method_names(*, reference: bool = True) -> list[str]:
     return [m.name for m in METHODS.values() if reference or m.exactness != REFERENCE]
 
 
+def parse_methods(text: str, *, reference: bool = True) -> tuple[str, ...]:
+    """Comma-separated method names (a CLI option) in their order, without repeats; ``ValueError`` naming
+    the unknown ones. ``reference=False`` refuses the per-call reference."""
+    valid = method_names(reference=reference)
+    chosen = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in chosen if m not in valid]
+    if not chosen or unknown:
+        raise ValueError(f"unknown methods {unknown}; valid: {valid}")
+    return chosen
+
+
 def needs_full_view(methods) -> bool:
     """Whether any of ``methods`` (names) trains on the full view (render with ``full_view=True``)."""
     return any(get_method(m).full_view for m in methods)

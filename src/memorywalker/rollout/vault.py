@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import random
 import re
+from itertools import pairwise
 from typing import Any
 
 from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema
@@ -94,7 +95,7 @@ def graded_reward(prediction: str, boxes: list[str], codes: list[str]) -> float:
     """
     words = normalize_answer(prediction).split()
     said = {}
-    for name, code in zip(words, words[1:], strict=False):
+    for name, code in pairwise(words):
         said.setdefault(name, code)
     return sum(said.get(b) == c for b, c in zip(boxes, codes, strict=True)) / len(boxes)
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from engine_cases import with_rollout_logprobs
 from memorywalker.metrics.gap import evictions_before_calls, gap_report
 from memorywalker.records import TrajectoryBuilder, TrajectoryWriter
-from memorywalker.render import Renderer
+from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import ExpertPolicy, HarnessConfig, WebSearchEnv, rollout
 
 
@@ -93,6 +93,26 @@ def test_a_retry_without_an_eviction_record_is_bucketed_by_branches(recorded, to
         assert m["by_branches"]["2"]["targets"] == m["by_branches"]["3+"]["targets"] == m["heavy"]["targets"] == 0
         assert m["by_evictions"]["0"]["targets"] == m["overall"]["targets"] == sum(n)
     assert rep["tree-mask"]["overall"]["logprob_abs_diff"] < 1e-5
+
+
+def test_trajectories_sampled_at_a_temperature_are_compared_at_that_temperature(kit, tokenizer):
+    """The hf sampler at T = 0.5 records log softmax(logits / 0.5); gap divides the trainer's logits by the
+    temperature the trajectory records, so the exact methods sit at the floor. Read as untempered (the
+    recorded temperature removed), the same episodes show the distance between the two distributions."""
+    from memorywalker.rollout import HFPolicy
+
+    policy = HFPolicy(str(kit[1]), temperature=0.5, max_new_tokens=16, top_k=3)
+    trajs, _ = rollout(WebSearchEnv(), policy, tokenizer, HarnessConfig("claude-code", budget=600, watermark=1.0,
+                                                                       max_steps=3), suite="chain", n=1, seed=1)
+    assert trajs[0].evictions
+    renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))  # the random model's calls hit the limit
+    rep = gap_report(policy.model, renderer, trajs, ["per-call", "tree-mask"], drift=False)
+    assert rep["tree-mask"]["by_branches"]["1"]["targets"] > 0
+    assert all(rep[m]["overall"]["logprob_abs_diff"] < 1e-5 for m in ("per-call", "tree-mask"))
+    untempered = [t.model_copy(update={"meta": {**t.meta, "policy": {**t.meta["policy"], "temperature": 1.0}}})
+                  for t in trajs]
+    assert gap_report(policy.model, renderer, untempered, ["tree-mask"], drift=False)["tree-mask"]["overall"][
+        "logprob_abs_diff"] > 1e-2
 
 
 def test_evictions_before_calls_counts_records_in_order(recorded):

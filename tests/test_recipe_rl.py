@@ -80,9 +80,11 @@ def test_tis_cap_weighs_by_old_over_rollout_and_ratio_is_against_the_collecting_
     assert abs(low.metrics[0]["mean_tis_weight"] - 2.0) < 1e-6 and abs(low.metrics[0]["mean_ratio"] - 1.0) < 1e-6
 
 
-def test_rl_rejects_a_sampling_temperature_the_ratio_does_not_match():
-    """Rollout logprobs and the trainer's are untempered, so sampling at T != 1 would put the PPO ratio
-    against a policy that did not sample: the recipe refuses it, naming the reason; T = 1 is accepted."""
-    with pytest.raises(ValidationError, match="untempered"):
-        RLConfig(temperature=0.7)
-    assert RLConfig(temperature=1.0).temperature == 1.0
+def test_rl_at_a_temperature_starts_at_ratio_one(kit, tmp_path):
+    """At T = 0.7 the sampler records log softmax(logits / 0.7) and the trainer divides its logits by 0.7
+    too, so for the exact method the first step's ratio is 1 and nothing is clipped. (Before, the trainer
+    was untempered: |Δ logp| would be the gap between the two distributions, far above 1e-4.)"""
+    m = train(config(kit, tmp_path, temperature=0.7), reward_fn=even_token_share, progress=False).metrics[0]
+    assert m["logprob_abs_diff"] < 1e-4 and abs(m["mean_ratio"] - 1.0) < 1e-4 and m["mean_clipped"] == 0.0
+    with pytest.raises(ValidationError, match="must be > 0"):
+        RLConfig(temperature=0.0)

@@ -96,13 +96,14 @@ def test_cli_rollout_resumes(tmp_path, kit):
 
 # --- hf backend ------------------------------------------------------------------------------------
 
-def _full_forward_logprobs(model, context_tokens, response_tokens):
-    """log p(response_t | context, response_<t) from one forward over the whole sequence (no cache)."""
+def _full_forward_logprobs(model, context_tokens, response_tokens, temperature: float = 1.0):
+    """log p(response_t | context, response_<t) from one forward over the whole sequence (no cache), of
+    softmax(logits / temperature)."""
     import torch
 
     ids = torch.tensor([context_tokens + response_tokens])
     with torch.no_grad():
-        lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        lp = torch.log_softmax(model(input_ids=ids).logits[0].float() / temperature, dim=-1)
     n = len(context_tokens)
     return [float(lp[n - 1 + i, t]) for i, t in enumerate(response_tokens)]
 
@@ -128,6 +129,19 @@ def test_hf_logprobs_equal_a_fresh_full_forward(hf_runs):
         assert len(call.rollout_top_logprobs) == len(call.response_tokens)
         assert all(len(row) == 3 and row[0][1] >= row[-1][1] for row in call.rollout_top_logprobs)
     assert worst <= 1e-5, worst
+
+
+def test_hf_logprobs_at_a_temperature_are_of_the_distribution_sampled(env, tokenizer, kit):
+    """At T = 0.5 the recorded logprobs are log softmax(logits / 0.5) of a plain full forward (within
+    1e-5), not the untempered log softmax(logits): those differ by far more (the check can fail)."""
+    policy = HFPolicy(str(kit[1]), temperature=0.5, max_new_tokens=12, top_k=3)
+    traj = run_episode(env, env.task("chain", 0), policy, tokenizer, HarnessConfig("none", max_steps=2), seed=5)
+    call = traj.calls[0]
+    tempered = _full_forward_logprobs(policy.model, call.context_tokens, call.response_tokens, temperature=0.5)
+    plain = _full_forward_logprobs(policy.model, call.context_tokens, call.response_tokens)
+    assert max(abs(a - b) for a, b in zip(tempered, call.rollout_logprobs, strict=True)) <= 1e-5
+    assert max(abs(a - b) for a, b in zip(plain, call.rollout_logprobs, strict=True)) > 1e-2
+    assert traj.meta["policy"]["temperature"] == 0.5
 
 
 def test_hf_rollouts_are_deterministic_and_render_exactly(hf_runs, tokenizer):

@@ -15,7 +15,7 @@ import torch
 
 from memorywalker.attention.masks import Backend, backend_of, pad_length
 from memorywalker.engine.methods import Method
-from memorywalker.engine.radix import forward_radix
+from memorywalker.engine.radix import forward_radix, tempered
 from memorywalker.layout.buffers import Buffer
 from memorywalker.layout.layouts import Layout
 
@@ -28,13 +28,14 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_masked(model, buf: Buffer, labels: torch.Tensor, backend: Backend
+def forward_masked(model, buf: Buffer, labels: torch.Tensor, backend: Backend, temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``model`` on ``buf`` in one forward under its explicit ancestor mask; return (log p(label)
     per buffer target [M] float32, logits at the buffer's KL positions [J, V] or None).
 
     ``labels`` int64 [M] are the target token ids (aligned to ``buf.target_row``). Logits are computed
-    only at the positions that predict something (``logits_to_keep``), the softmax in float32.
+    only at the positions that predict something (``logits_to_keep``), the softmax in float32, of the
+    logits divided by ``temperature`` (the distribution a sampler at that temperature drew from).
     """
     device, dtype = model_device(model), model_dtype(model)
     n = len(buf)
@@ -54,7 +55,7 @@ def forward_masked(model, buf: Buffer, labels: torch.Tensor, backend: Backend
         logits_to_keep=torch.from_numpy(keep).to(device),
         use_cache=False,
     )
-    logits = out.logits[0]  # [P, V]
+    logits = tempered(out.logits[0], temperature)  # [P, V]
     m = len(buf.target_pred)
     t_idx = torch.from_numpy(inv[:m]).to(device)
     lse = torch.logsumexp(logits.float(), dim=-1)  # [P]
@@ -73,10 +74,11 @@ class BufferOutput:
 
 
 def forward_layout(model, layout: Layout, labels: torch.Tensor, method: Method, max_tokens: int,
-                   backend: Backend | None = None) -> Iterator[BufferOutput]:
+                   backend: Backend | None = None, temperature: float = 1.0) -> Iterator[BufferOutput]:
     """Run every buffer of ``layout`` under ``method``'s schedule, one at a time (the caller may
     backpropagate each before the next is built). ``labels`` int64 [N] are the batch targets' label ids;
-    ``backend`` is the attention backend of the ``mask`` schedule (default: the model's)."""
+    ``backend`` is the attention backend of the ``mask`` schedule (default: the model's); logprobs and
+    KL logits are of the logits divided by ``temperature``."""
     device = model_device(model)
     labels = labels.to(device)
     if method.schedule == "mask":
@@ -84,8 +86,8 @@ def forward_layout(model, layout: Layout, labels: torch.Tensor, method: Method, 
     for buf in layout.buffers:
         rows = torch.from_numpy(buf.target_row).to(device)
         if method.schedule == "mask" and len(buf) <= max_tokens:
-            lp, kl = forward_masked(model, buf, labels[rows], backend)
+            lp, kl = forward_masked(model, buf, labels[rows], backend, temperature)
             yield BufferOutput(buf, lp, kl, 1, pad_length(len(buf), backend.multiple))
         else:  # the radix schedule; for "mask", a tree longer than max_tokens (never one dense buffer)
-            lp, kl, stats = forward_radix(model, buf, labels[rows], max_tokens)
+            lp, kl, stats = forward_radix(model, buf, labels[rows], max_tokens, temperature)
             yield BufferOutput(buf, lp, kl, stats["forwards"], stats["tokens"])

@@ -110,12 +110,21 @@ def schedule(items: list[Item], max_tokens: int) -> list[list[int]]:
     return forwards
 
 
-def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` (unchanged at 1): the logits of the distribution a sampler drew from at
+    that temperature, so trainer logprobs are comparable with the rollout's (verl divides the same way)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: must be > 0 (greedy rollouts record untempered logprobs: 1)")
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int, temperature: float = 1.0
                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, int]]:
     """Run ``model`` over ``buf`` with the shared-prefix schedule.
 
     Returns (log p(label) per buffer target [M] float32, logits at the buffer's KL positions [J, V] or
-    None, {"forwards", "tokens"}). ``labels`` int64 [M] align with ``buf.target_row``.
+    None, {"forwards", "tokens"}). ``labels`` int64 [M] align with ``buf.target_row``; logits are divided
+    by ``temperature`` (:func:`tempered`).
     """
     device = next(model.parameters()).device
     items = items_of(radix_nodes(buf.tout), max_tokens)
@@ -157,7 +166,7 @@ def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int
                 cols_i = slice(seg.start, seg.start + seg.length)
                 blocks[i] = [(k[:, :, cols_i], v[:, :, cols_i]) for k, v in (ctx.new[la] for la in range(n_layers))]
     if picked:
-        logits = torch.cat(picked)  # [P, V] forward by forward
+        logits = tempered(torch.cat(picked), temperature)  # [P, V] forward by forward
         inv = np.empty(len(preds), dtype=np.int64)
         inv[np.concatenate(order)] = np.arange(len(logits))
     else:

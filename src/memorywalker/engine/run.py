@@ -41,6 +41,9 @@ class EngineConfig:
     sdcc_lambda: float = 1.0  # weight λ of the KL term
     sdcc_students: str = "junctions"  # junctions | all (one student per selected call)
     dp_size: int = 1  # data-parallel ranks whose gradients are averaged (DDP/FSDP); scales the loss
+    # Logprobs (and SDCC's KL) are of logits / temperature: the sampling temperature of the rollouts, whose
+    # recorded logprobs are of that distribution, so the PPO ratio is against the policy that sampled.
+    temperature: float = 1.0
 
 
 @dataclass
@@ -202,7 +205,8 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     passes = {"forwards": 0, "tokens": 0, "backwards": 0}
     grad = torch.enable_grad() if backward else torch.no_grad()
     with grad:
-        outputs = forward_layout(model, layout, torch.from_numpy(tg.label), method, cfg.max_tokens, backend)
+        outputs = forward_layout(model, layout, torch.from_numpy(tg.label), method, cfg.max_tokens, backend,
+                                 cfg.temperature)
         for b, out in enumerate(outputs):
             buf, logprob, kl_logits = out.buffer, out.logprob, out.kl_logits
             passes["forwards"] += out.forwards

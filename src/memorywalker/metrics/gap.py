@@ -78,10 +78,12 @@ def in_bucket(count: torch.Tensor, bucket: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def method_outputs(model, batch: Batch, method: str, *, with_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def method_outputs(model, batch: Batch, method: str, *, with_logits: bool, temperature: float = 1.0
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-target trainer logprobs [N] (NaN where the method lost a target) and, if asked, the
-    next-token logits at every target's predicting position [N, V] (NaN rows where lost)."""
-    cfg = EngineConfig(method=method)
+    next-token logits at every target's predicting position [N, V] (NaN rows where lost), both of the
+    logits divided by ``temperature``."""
+    cfg = EngineConfig(method=method, temperature=temperature)
     m = get_method(method)
     layout = m.build_layout(batch, cfg)
     if with_logits:  # full distributions at the target positions, through each buffer's KL channel
@@ -91,7 +93,8 @@ def method_outputs(model, batch: Batch, method: str, *, with_logits: bool) -> tu
     n = len(batch.targets)
     logprobs = torch.full((n,), float("nan"), device=device)
     logits = None
-    for out in forward_layout(model, layout, torch.from_numpy(batch.targets.label), m, cfg.max_tokens):
+    for out in forward_layout(model, layout, torch.from_numpy(batch.targets.label), m, cfg.max_tokens,
+                              temperature=temperature):
         if not len(out.buffer.target_row):
             continue  # e.g. sdcc's student buffers: the trainer's logprobs come from the full view
         rows = torch.from_numpy(out.buffer.target_row).to(device)
@@ -148,6 +151,19 @@ def _fill_per_call(per_call: dict | None, batch: Batch, method: str, logp: torch
         per_call[batch.calls[c].call_id]["logprob"][method] = _nan_to_none(lp[batch.targets.call == c])
 
 
+def sampling_temperature(traj: Trajectory) -> float:
+    """The temperature whose distribution ``traj``'s rollout logprobs are of: the recorded sampling
+    temperature of its policy; 1 for greedy decoding (untempered logprobs) and for logs that record none.
+
+    >>> from memorywalker.records.schema import Trajectory
+    >>> t = Trajectory.model_validate({"id": "t", "messages": [], "calls": [], "meta": {"policy": {"temperature": 0.7}}})
+    >>> sampling_temperature(t), sampling_temperature(t.model_copy(update={"meta": {}}))
+    (0.7, 1.0)
+    """
+    t = ((traj.meta or {}).get("policy") or {}).get("temperature")
+    return float(t) if isinstance(t, int | float) and t > 0 else 1.0
+
+
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
                drift: bool = True, progress: bool = False, tokens: dict | None = None) -> dict:
     """Gap metrics of each method on ``trajectories`` (each its own tree), overall, by branches and by
@@ -157,6 +173,9 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     "by_evictions": {"0", "1", "2", "3+"}}}`` (``floor`` = ``by_branches["0"]``, ``heavy`` = 2+
     branches), each a dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
     ``log_ppl_abs_diff``, ``logit_drift`` (None where there is nothing to compare).
+
+    Trainer logprobs are of the temperature each trajectory was sampled at (:func:`sampling_temperature`),
+    the distribution its rollout logprobs are of.
 
     When ``tokens`` is a dict it is filled with the per-target values (what ``memorywalker view`` draws):
     ``tokens[trajectory_id][call_id] = {"offset": [index of the target in S_t], "rollout": [...],
@@ -185,11 +204,12 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
         evictions.append(torch.from_numpy(before[call_index]))
         call_base += batch.num_calls
         ref_logits = None
+        temperature = sampling_temperature(trajectories[i])
         if drift:
-            _, ref_logits = method_outputs(model, batch, "per-call", with_logits=True)
+            _, ref_logits = method_outputs(model, batch, "per-call", with_logits=True, temperature=temperature)
         per_call = _per_call_rows(batch, tokens, trajectories[i].id)
         for m in methods:
-            lp, lg = method_outputs(model, batch, m, with_logits=drift)
+            lp, lg = method_outputs(model, batch, m, with_logits=drift, temperature=temperature)
             per_method[m]["logp"].append(lp.cpu())
             _fill_per_call(per_call, batch, m, lp.cpu())
             if drift and lg is not None and ref_logits is not None:

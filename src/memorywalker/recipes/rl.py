@@ -87,8 +87,8 @@ class RLConfig(TrainConfig):
     keep_recent: int = 1  # most recent steps protected from pruning, folding and offloading
     max_turns: int = 8  # act calls per episode
     max_context: int = 8192  # hard window: a longer prompt ends the episode
-    # Sampling temperature: 1.0 only. Rollout logprobs are of the untempered distribution and the trainer
-    # computes untempered ones, so at T != 1 the PPO ratio would not be against the policy that sampled.
+    # Sampling temperature T > 0. Rollout logprobs are of softmax(logits / T) and the trainer divides its
+    # logits by T too, so the PPO ratio is against the policy that sampled (as verl does).
     temperature: float = 1.0
     max_new_tokens: int = 128  # response length limit per call
     # --- objective
@@ -115,10 +115,8 @@ class RLConfig(TrainConfig):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float) -> float:
-        if v != 1.0:
-            raise ValueError(f"temperature={v}: the RL recipe samples at 1.0 only; rollout logprobs and the "
-                             "trainer's are of the untempered distribution, so at T != 1 the PPO ratio would "
-                             "not be against the sampling policy (docs/rollouts.md, 'Temperature')")
+        if not v > 0:
+            raise ValueError(f"temperature={v}: RL samples, so it must be > 0 (the trainer divides logits by it)")
         return v
 
     @field_validator("env")
@@ -174,7 +172,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
-                          grpo_scale_by_std=cfg.grpo_scale_by_std)
+                          grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 

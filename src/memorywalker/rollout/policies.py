@@ -3,7 +3,7 @@
 * ``expert`` — the scripted solver of :mod:`memorywalker.rollout.expert`; returns a structured message
   that the harness renders with the chat template, so its episodes are ordinary training data.
 * ``hf:DIR`` — a local transformers causal LM. Temperature sampling, per-token rollout logprobs (of
-  the untempered distribution, like vLLM's default ``raw_logprobs``) and their top-k. The KV cache is
+  the distribution sampled from, softmax(logits / T); greedy: untempered) and their top-k. The KV cache is
   reused while the context only grows: each call keeps the cached prefix it shares with the new prompt
   and recomputes the rest, so after an eviction everything past the shared system/task prefix is rebuilt.
 * ``openai:URL`` — an OpenAI-compatible completions endpoint (vLLM, SGLang). The harness sends the
@@ -65,7 +65,12 @@ class Policy(Protocol):
 # --- hf ------------------------------------------------------------------------------------------------
 
 class HFPolicy:
-    """Sample from a local causal LM with a reusable KV cache; record per-token logprobs and top-k."""
+    """Sample from a local causal LM with a reusable KV cache; record per-token logprobs and top-k.
+
+    The recorded logprobs are of the distribution each token was sampled from, ``softmax(logits / T)``;
+    greedy decoding (``T = 0``) records the untempered ``softmax(logits)``. A trainer comparing against
+    them divides its logits by the same ``T`` (``EngineConfig.temperature``).
+    """
 
     name = "hf"
 
@@ -164,7 +169,8 @@ class HFPolicy:
         with torch.no_grad():
             logits = self._prefill(prompt)
             while len(tokens) < limit:
-                lp = torch.log_softmax(logits.float(), dim=-1)  # rollout logprobs: untempered distribution
+                # Rollout logprobs are of the distribution sampled from: logits / T (greedy: untempered).
+                lp = torch.log_softmax(logits.float() / (self.temperature if self.temperature > 0 else 1.0), dim=-1)
                 tok = self._sample(logits, self.temperature, gen)
                 tokens.append(tok)
                 logprobs.append(float(lp[tok]))

@@ -42,6 +42,9 @@ import typer
 def register(app: typer.Typer) -> None:
     bench = typer.Typer(help="Benchmarks (not timed tests).", no_args_is_help=True)
     bench.command("engines")(bench_engines)
+    from memorywalker.cli.bench_rollouts import bench_rollouts
+
+    bench.command("rollouts")(bench_rollouts)
     app.add_typer(bench, name="bench")
 
 

@@ -8,7 +8,9 @@ Each step:
 1. **Collect.** The next ``prompts_per_step`` tasks of ``suite`` (``split``), ``group_size`` episodes
    each, sampled from the model being trained (temperature ``temperature``) in the offline web-search
    world under the ``harness`` compression policy with context ``budget``. Every call records its
-   context tokens, response tokens and the sampler's logprobs. Ranks roll out disjoint tasks.
+   context tokens, response tokens and the sampler's logprobs. Ranks roll out disjoint tasks; a
+   micro-batch's episodes run in lockstep, one batched forward per sampled token
+   (:mod:`memorywalker.rollout.lockstep`).
 2. **Group.** The episodes of one task form one forest (a GRPO group); the reward of each episode is
    the environment's exact-match score, and advantages are group-relative (the engine's ``grpo``).
 3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
@@ -44,7 +46,7 @@ from tqdm import tqdm
 from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.render import Renderer, RenderOptions
-from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode
+from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, HFPolicy, run_episodes
 from memorywalker.rollout.harness import call_seed
 from memorywalker.train.adapter import (
     engine_model,
@@ -189,16 +191,14 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         micro_groups: list[list[list[Trajectory]]] = []
         with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
             for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
-                micro_groups.append([])
-                for task in mb_tasks:
-                    group = []
-                    for j in range(cfg.group_size):
-                        traj = run_episode(env, task, policy, tokenizer, harness, seed=call_seed(cfg.seed, step, task.id, j),
-                                           episode_id=f"{task.id}-step{step}-r{j}", meta={"step": step, "sample": j})
-                        if reward_fn is not None:
-                            traj.reward = float(reward_fn(traj))
-                        group.append(traj)
-                    micro_groups[-1].append(group)
+                # the micro-batch's episodes in lockstep: one batched forward per sampled token for all
+                jobs = [EpisodeJob(task, call_seed(cfg.seed, step, task.id, j), f"{task.id}-step{step}-r{j}",
+                                   {"step": step, "sample": j}) for task in mb_tasks for j in range(cfg.group_size)]
+                trajs = run_episodes(env, jobs, policy, tokenizer, harness)
+                if reward_fn is not None:
+                    for traj in trajs:
+                        traj.reward = float(reward_fn(traj))
+                micro_groups.append([trajs[i:i + cfg.group_size] for i in range(0, len(trajs), cfg.group_size)])
         t_rollout = time.perf_counter() - t0
 
         # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest

@@ -12,6 +12,7 @@ from memorywalker.rollout.env import Environment, StepResult, exact_match, norma
 from memorywalker.rollout.expert import ExpertPolicy
 from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
 from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
+from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
 from memorywalker.rollout.parse import parse_response
 from memorywalker.rollout.policies import (
     HFPolicy,
@@ -37,6 +38,7 @@ __all__ = [
     "Compressor",
     "Environment",
     "Episode",
+    "EpisodeJob",
     "ExpertPolicy",
     "FaultConfig",
     "FaultInjector",
@@ -63,6 +65,7 @@ __all__ = [
     "replay_contexts",
     "rollout",
     "run_episode",
+    "run_episodes",
     "scan_existing",
     "split_of",
 ]

@@ -1,0 +1,112 @@
+"""``memorywalker bench rollouts``: episodes one by one against the same episodes in lockstep.
+
+    memorywalker bench rollouts --model runs/demo/sft-tree-mask/final --tokenizer runs/demo/kit/tokenizer
+    memorywalker bench rollouts --tasks 8 --group 8 --json -
+
+``--tasks`` tasks of ``--suite`` × ``--group`` episodes each (a GRPO step's collection) are rolled out
+twice with the same seeds: one by one (:func:`~memorywalker.rollout.run_episode`, the sampler reusing its
+KV cache while a context grows) and in lockstep (:func:`~memorywalker.rollout.run_episodes`, one batched
+forward per token). Reported side by side: seconds of each (median over ``--repeats``), the ratio,
+episodes whose response tokens agree between the two, and the largest |Δ logprob| over the calls they
+share token for token (float rounding of the batched forward). JSON keys: ``config``, ``episodes``,
+``calls``, ``response_tokens``, ``sequential_s``, ``lockstep_s``, ``speedup``, ``same_episodes``,
+``max_abs_logprob_diff``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import typer
+
+
+def bench_rollouts(
+    model: Path = typer.Option(None, "--model", exists=True, file_okay=False,
+                               help="HF causal LM dir (default: the tiny random kit model)"),
+    tokenizer: Path = typer.Option(None, "--tokenizer", exists=True, file_okay=False,
+                                   help="tokenizer dir with a chat template (default: the model's)"),
+    env: str = typer.Option("vault", help="environment: vault | websearch"),
+    suite: str = typer.Option("recall-2", help="task suite of the environment"),
+    harness: str = typer.Option("claude-code", help="compression policy"),
+    budget: int = typer.Option(260, help="context budget (prompt tokens)"),
+    tasks: int = typer.Option(4, min=1, help="tasks (GRPO groups)"),
+    group: int = typer.Option(8, min=1, help="episodes per task"),
+    temperature: float = typer.Option(1.0, min=0.0, help="sampling temperature (0 = greedy)"),
+    max_new_tokens: int = typer.Option(64, min=1),
+    max_turns: int = typer.Option(6, min=1),
+    repeats: int = typer.Option(1, min=1, help="timed runs of each (median reported)"),
+    seed: int = typer.Option(0),
+    json_out: str = typer.Option(None, "--json", help="write the result as JSON to this path ('-' = stdout)"),
+) -> None:
+    """Seconds to roll out the same episodes one by one and in lockstep, side by side."""
+    result = run_rollout_bench(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
+                               budget=budget, tasks=tasks, group=group, temperature=temperature,
+                               max_new_tokens=max_new_tokens, max_turns=max_turns, repeats=repeats, seed=seed)
+    if json_out == "-":
+        typer.echo(json.dumps(result, indent=2))
+        return
+    r = result
+    typer.echo(f"{r['episodes']} episodes ({r['calls']} calls, {r['response_tokens']} response tokens), "
+               f"{harness}, T = {temperature}")
+    typer.echo(f"one by one: {r['sequential_s']:.2f} s   lockstep: {r['lockstep_s']:.2f} s   "
+               f"speed-up: {r['speedup']:.2f}x")
+    typer.echo(f"same response tokens: {r['same_episodes']} of {r['episodes']} episodes; "
+               f"max |Δ logprob| on shared calls: {r['max_abs_logprob_diff']:.2e}")
+    if json_out:
+        Path(json_out).write_text(json.dumps(result, indent=2))
+
+
+def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
+                      group: int, temperature: float, max_new_tokens: int, max_turns: int, repeats: int,
+                      seed: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, HFPolicy, plan, run_episode, run_episodes
+    from memorywalker.rollout.harness import call_seed
+
+    if model_dir is None:
+        from memorywalker.modelkit import default_kit
+
+        tokenizer_dir, model_dir = default_kit()
+    if env_name not in ENVIRONMENTS:
+        raise typer.BadParameter(f"unknown environment {env_name!r}; valid: {', '.join(ENVIRONMENTS)}",
+                                 param_hint="--env")
+    world = ENVIRONMENTS[env_name](seed)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    policy = HFPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok)
+    cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
+    jobs = [EpisodeJob(e.task, call_seed(seed, e.task.id, j), f"{e.task.id}-r{j}")
+            for e in plan(world, suite, tasks, seed=seed, harness=harness, split="train") for j in range(group)]
+
+    def one_by_one():
+        return [run_episode(world, j.task, policy, tok, cfg, seed=j.seed, episode_id=j.episode_id) for j in jobs]
+
+    def lockstep():
+        return run_episodes(world, jobs, policy, tok, cfg)
+
+    times: dict[str, list[float]] = {"one_by_one": [], "lockstep": []}
+    runs = {}
+    for _ in range(repeats):
+        for name, fn in (("one_by_one", one_by_one), ("lockstep", lockstep)):
+            t0 = time.perf_counter()
+            runs[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    seq, lock = runs["one_by_one"], runs["lockstep"]
+    same, diff = 0, 0.0
+    for a, b in zip(seq, lock, strict=True):
+        same += [c.response_tokens for c in a.calls] == [c.response_tokens for c in b.calls]
+        for ca, cb in zip(a.calls, b.calls, strict=False):
+            if ca.context_tokens != cb.context_tokens or ca.response_tokens != cb.response_tokens:
+                break
+            diff = max([diff, *(abs(x - y) for x, y in zip(ca.rollout_logprobs, cb.rollout_logprobs, strict=True))])
+    s, lk = statistics.median(times["one_by_one"]), statistics.median(times["lockstep"])
+    return {"config": {"model": str(model_dir), "env": env_name, "suite": suite, "harness": harness, "budget": budget,
+                       "tasks": tasks, "group": group, "temperature": temperature, "max_new_tokens": max_new_tokens,
+                       "max_turns": max_turns, "repeats": repeats, "seed": seed},
+            "episodes": len(jobs), "calls": sum(len(t.calls) for t in lock),
+            "response_tokens": sum(len(c.response_tokens) for t in lock for c in t.calls),
+            "sequential_s": s, "lockstep_s": lk, "speedup": s / lk, "same_episodes": same,
+            "max_abs_logprob_diff": diff}

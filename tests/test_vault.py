@@ -66,6 +66,31 @@ def test_the_expert_solves_every_task_under_every_harness(tokenizer, harness):
                    for t in episodes)
 
 
+def test_a_careless_expert_summarizes_only_the_newest_label_and_answers_from_its_summary(tokenizer):
+    """recall-2 under claude-code compacts before each act call after the first. A careless episode's
+    second summary keeps only the second box's label (no Next line: nothing left to open), so the act
+    call after it answers that pair alone: reward 1/2. Under opencode nothing is summarized, so every
+    episode is right. forget=0.5 makes about half the episodes careless, drawn per task: 40 episodes
+    give mean reward 1 − (careless share)/2, and the same tasks get the same draws under every harness."""
+    env = VaultEnv(0)
+    cc = HarnessConfig("claude-code", budget=260)
+    (careless,), s1 = rollout(env, VaultExpert(forget=1.0), tokenizer, cc, suite="recall-2", n=1, seed=0, split="train")
+    boxes, codes = careless.task.meta["boxes"], careless.task.meta["codes"]
+    summaries = [m.content for m in careless.messages if m.role == "assistant" and not m.tool_calls]
+    assert summaries == [f"Notes: {boxes[0]} {codes[0]}\nNext: open {boxes[1]}", f"Notes: {boxes[1]} {codes[1]}"]
+    assert careless.outcome["answer"] == f"{boxes[1]} {codes[1]}" and careless.reward == 0.5
+    half, _ = rollout(env, VaultExpert(forget=0.5), tokenizer, cc, suite="recall-2", n=40, seed=0, split="train")
+    share = sum(t.reward == 0.5 for t in half) / 40
+    assert 0.3 < share < 0.7 and sum(t.reward for t in half) / 40 == pytest.approx(1 - share / 2)
+    assert all(t.reward in (0.5, 1.0) for t in half)
+    pruned, s2 = rollout(env, VaultExpert(forget=1.0), tokenizer, HarnessConfig("opencode", budget=600),
+                         suite="recall-2", n=8, seed=0, split="train")
+    assert s2.success == 1.0
+    assert VaultExpert(forget=0.5).config() == {"name": "expert", "env": "vault", "forget": 0.5}
+    with pytest.raises(ValueError, match="fraction"):
+        VaultExpert(forget=1.5)
+
+
 def test_make_policy_expert_follows_the_environment():
     assert isinstance(make_policy("expert", env=VaultEnv(0)), VaultExpert)
     assert ENVIRONMENTS["vault"] is VaultEnv

@@ -8,13 +8,17 @@
 2. **Expert episodes** of the ``recall-2`` suite under each harness: Claude Code-style compaction
    (the model summarizes the history) and OpenCode-style pruning (old tool results become a
    placeholder). The codes the answer needs arrive in observations both harnesses
-   evict, so the agent must carry them in its notes and summaries.
+   evict, so the agent must carry them in its notes and summaries. The expert is imperfect, as real
+   logs are: in about half of its episodes (``expert_forget``) its summaries keep only the newest label, so
+   imitation learns a habit that costs reward under compaction, and GRPO has something to learn.
 3. **Warm start** on *uncompressed* expert episodes (``harness none``: one path per episode, so every
-   method trains exactly the same targets on exactly the same contexts) — the same checkpoint for all.
+   method trains exactly the same targets on exactly the same contexts) and on the summarization calls
+   of ``claude-code`` expert episodes, one call per record — the same checkpoint for all.
 4. **SFT per method** from the warm start on the compressed episodes: here the methods differ.
 5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
    compression (graded reward, so groups have variance).
-6. **Evaluation** of every SFT and RL model on the same held-out tasks under both harnesses, greedy:
+6. **Evaluation** of every SFT and RL model on the same held-out tasks under both harnesses, greedy
+   (the episodes in lockstep, :mod:`memorywalker.rollout.lockstep`):
    reward per task, its mean with a bootstrap 95 % interval, the paired difference against ``tree-mask``
    and RL against SFT (paired bootstrap over tasks); the train/rollout gap of each method on its own
    model's episodes (by branches before the call); ``eps_kl`` over SDCC's RL steps beside sqrt(eps_kl/2).
@@ -58,35 +62,38 @@ class DemoConfig:
     budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 438})
     max_turns: int = 6
     max_new_tokens: int = 64
+    # Careless summaries in this fraction of the expert's episodes (VaultExpert): SFT imitates them, the
+    # reward penalizes them, so GRPO has something to learn beyond the demonstrations.
+    expert_forget: float = 0.5
     # --- model and pretraining
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 4
-    pretrain_steps: int = 600
+    pretrain_steps: int = 400
     pretrain_max_offset: int = 320  # copy rows start up to this many tokens in (transcript positions)
     # --- warm start on uncompressed episodes and single summarization calls (method-neutral)
     warm_episodes: int = 2400
     warm_summaries: int = 1200  # claude-code episodes whose summarization calls join the warm start, one record each
-    warm_steps: int = 500
+    warm_steps: int = 400
     warm_lr: float = 1e-3
     # --- SFT per method on compressed episodes
     sft_episodes: int = 480  # split evenly over the harnesses
-    sft_steps: int = 80
+    sft_steps: int = 60
     sft_batch: int = 8
     sft_lr: float = 5e-4
     # --- GRPO per method (under the first harness)
-    rl_steps: int = 4
-    rl_prompts: int = 4
+    rl_steps: int = 12
+    rl_prompts: int = 8
     rl_group: int = 8  # groups of 4 left a step without any reward variance (measured)
     rl_lr: float = 2e-4
     sdcc_lambda: float = 1.0
     # --- evaluation
-    eval_tasks: int = 32
+    eval_tasks: int = 64
     methods: tuple[str, ...] = METHODS
 
 
 FULL = DemoConfig()
-QUICK = replace(FULL, pretrain_steps=200, warm_episodes=800, warm_summaries=200, warm_steps=100, sft_episodes=160,
+QUICK = replace(FULL, pretrain_steps=120, warm_episodes=800, warm_summaries=200, warm_steps=100, sft_episodes=160,
                 sft_steps=16, rl_steps=2, rl_prompts=2, rl_group=2, eval_tasks=8)
 
 
@@ -112,7 +119,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     corpus = bundled_corpus() + env.corpus()
     bootstrap = AutoTokenizer.from_pretrained(build_tokenizer(out / "kit" / "bootstrap", corpus, vocab_size=512))
     for h in harness.values():  # tool-call scaffolding and summaries merge into tokens too
-        seen, _ = rollout(env, env.expert(), bootstrap, h, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
+        seen, _ = rollout(env, env.expert(cfg.expert_forget), bootstrap, h, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
         corpus += [_transcript(bootstrap, t) for t in seen]
     tok_dir = build_tokenizer(out / "kit" / "tokenizer", corpus, vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -125,15 +132,15 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
         f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
     # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
-    plain, _ = rollout(env, env.expert(), tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
+    plain, _ = rollout(env, env.expert(cfg.expert_forget), tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
                        n=cfg.warm_episodes, seed=cfg.seed, split="train")
     if cfg.warm_summaries and "claude-code" in harness:
-        compacted, _ = rollout(env, env.expert(), tokenizer, harness["claude-code"], suite=cfg.suite,
+        compacted, _ = rollout(env, env.expert(cfg.expert_forget), tokenizer, harness["claude-code"], suite=cfg.suite,
                                n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
         plain += [one for t in compacted for one in summary_call_records(t)]
     expert, evictions = [], {}
     for name, h in harness.items():
-        eps, summary = rollout(env, env.expert(), tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
+        eps, summary = rollout(env, env.expert(cfg.expert_forget), tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
                                seed=cfg.seed, split="train")
         expert += eps
         evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
@@ -258,15 +265,15 @@ def _evaluate(model, tokenizer, env, harness: dict, tasks: list, method: str, cf
     from memorywalker.metrics.gap import gap_report
     from memorywalker.records import write_trajectories
     from memorywalker.render import Renderer, RenderOptions
-    from memorywalker.rollout import HFPolicy, run_episode
+    from memorywalker.rollout import EpisodeJob, HFPolicy, run_episodes
     from memorywalker.rollout.harness import call_seed
 
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
     policy = HFPolicy.from_model(model, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
     out: dict[str, dict] = {}
     for name, h in harness.items():
-        episodes = [run_episode(env, t, policy, tokenizer, h, seed=call_seed(cfg.seed + 1, t.id),
-                                episode_id=f"{t.id}-{name}") for t in tasks]
+        jobs = [EpisodeJob(t, call_seed(cfg.seed + 1, t.id), f"{t.id}-{name}") for t in tasks]
+        episodes = run_episodes(env, jobs, policy, tokenizer, h)  # in lockstep: one batched forward per token
         write_trajectories(path.with_name(f"{path.name}-{name}.jsonl"), episodes)  # `memorywalker gap` re-measures
         gap = gap_report(model, renderer, episodes, [method], drift=False)[method]
         out[name] = {

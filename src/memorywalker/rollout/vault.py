@@ -74,6 +74,7 @@ NOTES_RE = re.compile(r"^Notes:(.*)$", re.M)
 PAIR_RE = re.compile(r"(\w+) (\w+)")
 OBS_RE = re.compile(r"^The label reads: (\w+) (\w+)$", re.M)
 QUESTION_RE = re.compile(r"Report the codes of boxes ([\w, ]+)\.")
+NEXT_RE = re.compile(r"^Next: open (\w+)$", re.M)
 
 
 def pairs_text(pairs: list[tuple[str, str]]) -> str:
@@ -158,8 +159,8 @@ class VaultEnv(Environment):
         reward = graded_reward(value, self._task.meta["boxes"], self._task.meta["codes"])
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
-    def expert(self) -> VaultExpert:
-        return VaultExpert()
+    def expert(self, forget: float = 0.0) -> VaultExpert:
+        return VaultExpert(forget)
 
     def corpus(self, n: int = 200) -> list[str]:
         """Text in this environment's vocabulary (for training a tokenizer that keeps names whole)."""
@@ -183,35 +184,56 @@ class VaultExpert:
     Stateless: every response is computed from the delivered context alone — the question, the
     ``Notes:`` lines of assistant turns and harness artifacts (summaries), plus the box observations
     still in the context — and restates all notes, so it succeeds exactly when the harness keeps them.
-    A summary adds what remains to do (``Next: open mor``): the act call after a compaction then copies
-    the box to open from the summary instead of working it out from the question.
+    A summary adds what remains to do (``Next: open mor``): the act call after a compaction follows the
+    summary — it opens the box the summary names next, or answers when the summary names none.
+
+    ``forget``: the fraction of episodes (drawn per task, reproducibly) in which the expert is a careless
+    summarizer, as real logs have them: its summaries keep only the labels the observations still in the
+    context show and drop the notes carried from earlier, so the answer misses the boxes opened before the
+    previous compaction. Imitation learns that habit at the rate the logs show it; the reward does not.
     """
 
     name = "expert"
 
+    def __init__(self, forget: float = 0.0):
+        if not 0.0 <= forget <= 1.0:
+            raise ValueError(f"forget={forget}: a fraction of episodes, in [0, 1]")
+        self.forget = forget
+        self._careless = False
+
     def start(self, task: Task) -> None:
-        pass
+        self._careless = random.Random(f"vault-forget-{task.id}").random() < self.forget
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "env": "vault"}
+        return {"name": self.name, "env": "vault", **({"forget": self.forget} if self.forget else {})}
 
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
         notes: dict[str, str] = {}
+        seen: dict[str, str] = {}  # labels the observations in the context show
         boxes: list[str] = []
+        summary = None  # the latest summary the harness inserted (an artifact with notes)
         for m in request.messages:
             if m.role == "user" and not boxes and (q := QUESTION_RE.search(m.content)):
                 boxes = q.group(1).split(", ")
+            if m.is_artifact and NOTES_RE.search(m.content):
+                summary = m.content
             if m.role == "assistant" or m.is_artifact:
                 for line in NOTES_RE.findall(m.content):
                     notes.update(PAIR_RE.findall(line))
             elif m.role == "tool":
-                notes.update(OBS_RE.findall(m.content))
-        known = pairs_text([(b, notes[b]) for b in boxes if b in notes])
-        text = f"Notes: {known}" if known else ""
+                seen.update(OBS_RE.findall(m.content))
+        notes.update(seen)
         todo = [b for b in boxes if b not in notes]
         if request.purpose != "act":  # a summary: the notes and what remains to do
-            lines = [text or "Notes: none"] + ([f"Next: open {todo[0]}"] if todo else [])
+            kept = seen if self._careless else notes
+            text = pairs_text([(b, kept[b]) for b in boxes if b in kept])
+            lines = [f"Notes: {text or 'none'}"] + ([f"Next: open {todo[0]}"] if todo else [])
             return PolicyOutput(message=Message(id="", role="assistant", content="\n".join(lines), author="model"))
+        if summary is not None:  # follow the summary: from the box it names next, or answer if it names none
+            nxt = NEXT_RE.search(summary)
+            todo = [b for b in boxes[boxes.index(nxt.group(1)):] if b not in notes] if nxt and nxt.group(1) in boxes else []
+        known = pairs_text([(b, notes[b]) for b in boxes if b in notes])
+        text = f"Notes: {known}" if known else ""
         call = (ToolCall(id="", name="open", arguments={"box": todo[0]}) if todo else
                 ToolCall(id="", name="answer", arguments={"text": known}))
         return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model",

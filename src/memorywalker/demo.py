@@ -117,9 +117,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
 
     # --- 1. kit: tokenizer on the environment's text, tiny random Llama, copy/LM pretraining ------------
     corpus = bundled_corpus() + env.corpus()
+    scripted = env.expert(cfg.expert_forget)  # its carelessness is drawn per task at each episode's start
     bootstrap = AutoTokenizer.from_pretrained(build_tokenizer(out / "kit" / "bootstrap", corpus, vocab_size=512))
     for h in harness.values():  # tool-call scaffolding and summaries merge into tokens too
-        seen, _ = rollout(env, env.expert(cfg.expert_forget), bootstrap, h, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
+        seen, _ = rollout(env, scripted, bootstrap, h, suite=cfg.suite, n=8, seed=cfg.seed, split="train")
         corpus += [_transcript(bootstrap, t) for t in seen]
     tok_dir = build_tokenizer(out / "kit" / "tokenizer", corpus, vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -132,15 +133,15 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
         f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
     # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
-    plain, _ = rollout(env, env.expert(cfg.expert_forget), tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
+    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
                        n=cfg.warm_episodes, seed=cfg.seed, split="train")
     if cfg.warm_summaries and "claude-code" in harness:
-        compacted, _ = rollout(env, env.expert(cfg.expert_forget), tokenizer, harness["claude-code"], suite=cfg.suite,
+        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
                                n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
         plain += [one for t in compacted for one in summary_call_records(t)]
     expert, evictions = [], {}
     for name, h in harness.items():
-        eps, summary = rollout(env, env.expert(cfg.expert_forget), tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
+        eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
                                seed=cfg.seed, split="train")
         expert += eps
         evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))

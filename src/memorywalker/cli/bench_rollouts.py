@@ -64,7 +64,15 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
                       seed: int) -> dict:
     from transformers import AutoTokenizer
 
-    from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, HFPolicy, plan, run_episode, run_episodes
+    from memorywalker.rollout import (
+        ENVIRONMENTS,
+        EpisodeJob,
+        HarnessConfig,
+        HFPolicy,
+        plan,
+        run_episode,
+        run_episodes,
+    )
     from memorywalker.rollout.harness import call_seed
 
     if model_dir is None:

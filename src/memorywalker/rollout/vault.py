@@ -181,9 +181,10 @@ class VaultEnv(Environment):
 class VaultExpert:
     """Opens the task's boxes in order and answers from the notes its context shows.
 
-    Stateless: every response is computed from the delivered context alone — the question, the
-    ``Notes:`` lines of assistant turns and harness artifacts (summaries), plus the box observations
-    still in the context — and restates all notes, so it succeeds exactly when the harness keeps them.
+    Every response is computed from the delivered context alone (and, with ``forget``, the episode's
+    draw of carelessness) — the question, the ``Notes:`` lines of assistant turns and harness artifacts
+    (summaries), plus the box observations still in the context — and restates all notes, so it
+    succeeds exactly when the harness keeps them.
     A summary adds what remains to do (``Next: open mor``): the act call after a compaction follows the
     summary — it opens the box the summary names next, or answers when the summary names none.
 
@@ -231,7 +232,8 @@ class VaultExpert:
             return PolicyOutput(message=Message(id="", role="assistant", content="\n".join(lines), author="model"))
         if summary is not None:  # follow the summary: from the box it names next, or answer if it names none
             nxt = NEXT_RE.search(summary)
-            todo = [b for b in boxes[boxes.index(nxt.group(1)):] if b not in notes] if nxt and nxt.group(1) in boxes else []
+            start = boxes.index(nxt.group(1)) if nxt and nxt.group(1) in boxes else len(boxes)
+            todo = [b for b in boxes[start:] if b not in notes]
         known = pairs_text([(b, notes[b]) for b in boxes if b in notes])
         text = f"Notes: {known}" if known else ""
         call = (ToolCall(id="", name="open", arguments={"box": todo[0]}) if todo else

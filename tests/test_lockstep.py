@@ -114,6 +114,18 @@ def test_an_error_in_one_episode_is_raised_after_the_others_finish(kit, tokenize
         run_episodes(env, jobs, policy, tokenizer, HarnessConfig("none", max_steps=2))
 
 
+def test_a_failing_batched_call_fails_the_run_instead_of_hanging(kit, tokenizer):
+    """The model call that fails is every waiting episode's call: all of them end with its error."""
+    class Failing(HFPolicy):
+        def generate_batch(self, prompts, **kw):
+            raise RuntimeError("out of memory in the batched forward")
+
+    env = WebSearchEnv()
+    policy = Failing(str(kit[1]), temperature=1.0, max_new_tokens=4)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        run_episodes(env, jobs_for(env, 1, 3), policy, tokenizer, HarnessConfig("none", max_steps=2))
+
+
 def test_bench_rollouts_reports_both_side_by_side(kit):
     """Greedy, the lockstep episodes are the one-by-one episodes: 2 of 2 the same, logprobs to 1e-5."""
     import json

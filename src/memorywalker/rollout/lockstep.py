@@ -41,7 +41,7 @@ class _Rounds:
         self.policy = policy
         self.live = n
         self.pending: dict[int, PolicyRequest] = {}
-        self.results: dict[int, PolicyOutput] = {}
+        self.results: dict[int, PolicyOutput | Exception] = {}
         self.cond = threading.Condition()  # its lock is held by the one episode thread that runs
         self.batches: list[int] = []  # rows per batched call (what the speed-up rests on)
 
@@ -49,7 +49,10 @@ class _Rounds:
         self.pending[i] = request
         self._serve_if_complete()
         self.cond.wait_for(lambda: i in self.results)
-        return self.results.pop(i)
+        out = self.results.pop(i)
+        if isinstance(out, BaseException):  # the batched call failed: every episode in it sees the error
+            raise out
+        return out
 
     def finished(self) -> None:  # called holding self.cond
         self.live -= 1
@@ -60,7 +63,10 @@ class _Rounds:
             return
         order = sorted(self.pending)
         requests = [self.pending.pop(i) for i in order]
-        outs = self.policy.generate_batch([r.prompt_ids for r in requests], seeds=[r.seed for r in requests])
+        try:
+            outs = self.policy.generate_batch([r.prompt_ids for r in requests], seeds=[r.seed for r in requests])
+        except Exception as e:  # noqa: BLE001 — handed to every waiting episode, none is left waiting
+            outs = [e] * len(order)
         self.results.update(zip(order, outs, strict=True))
         self.batches.append(len(order))
         self.cond.notify_all()

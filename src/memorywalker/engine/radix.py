@@ -115,7 +115,7 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     that temperature, so trainer logprobs are comparable with the rollout's (verl divides the same way)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: must be > 0 (greedy rollouts record untempered logprobs: 1)")
-    return logits if temperature == 1.0 else logits / temperature
+    return logits if temperature == 1.0 else logits.float() / temperature  # divided in fp32 as the sampler does
 
 
 def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int, temperature: float = 1.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,11 @@ class HFPolicy:
         self._cached = list(prompt)
         return out.logits[0, -1]
 
+    @property
+    def _recorded_temperature(self) -> float:
+        """T of the distribution the recorded logprobs are of: the sampling temperature; 1 when greedy."""
+        return self.temperature if self.temperature > 0 else 1.0
+
     def _forward(self, ids):
         # logits_to_keep=1: only the last position's logits are needed to sample the next token.
         return self._forward_cached(ids, self._cache)
@@ -173,7 +179,7 @@ class HFPolicy:
             logits = self._prefill(prompt)
             while len(tokens) < limit:
                 # Rollout logprobs are of the distribution sampled from: logits / T (greedy: untempered).
-                lp = torch.log_softmax(logits.float() / (self.temperature if self.temperature > 0 else 1.0), dim=-1)
+                lp = torch.log_softmax(logits.float() / self._recorded_temperature, dim=-1)
                 tok = self._sample(logits, self.temperature, gen)
                 tokens.append(tok)
                 logprobs.append(float(lp[tok]))
@@ -206,9 +212,7 @@ class HFPolicy:
         n = len(prompts)
         # The prefix every prompt shares (system prompt, tools) is computed once and its cache repeated
         # per row; each row's rest is left-padded after it: [shared][pad…][rest], pads masked out.
-        shared = 0
-        while shared < min(len(p) for p in prompts) - 1 and len({p[shared] for p in prompts}) == 1:
-            shared += 1
+        shared = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
         rests = [p[shared:] for p in prompts]
         width = max(len(r) for r in rests)
         ids = torch.zeros(n, width, dtype=torch.long)
@@ -220,7 +224,6 @@ class HFPolicy:
         gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         outs = [PolicyOutput(token_ids=[], logprobs=[], top_logprobs=[], finish_reason="length") for _ in prompts]
         live = list(range(n))
-        scale = self.temperature if self.temperature > 0 else 1.0
         cache = DynamicCache(config=self.model.config)
         with torch.no_grad():
             if shared:
@@ -231,7 +234,7 @@ class HFPolicy:
                              **{self._cache_kw: cache})
             for step in range(limit):
                 logits = out.logits[:, -1].float()
-                lp = torch.log_softmax(logits / scale, dim=-1)  # every row at once; only sampling is per row
+                lp = torch.log_softmax(logits / self._recorded_temperature, dim=-1)  # all rows; sampling per row
                 values, idx = (t.tolist() for t in torch.topk(lp, self.top_k))
                 if self.temperature <= 0:
                     toks = dict(enumerate(logits.argmax(-1).tolist()))

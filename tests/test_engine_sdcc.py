@@ -1,11 +1,25 @@
-"""SDCC: one backward, eps_kl = 0 without evictions, and training on the KL lowers eps_kl."""
+"""SDCC: one backward, students equal plain forwards of their own S_t, eps_kl = 0 without evictions, and
+training on the KL lowers eps_kl."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine_cases import load_model, no_eviction_batch, one_thread, random_batch
+from engine_cases import (
+    grads,
+    load_model,
+    max_rel_grad_diff,
+    no_eviction_batch,
+    one_thread,
+    random_batch,
+    random_groups,
+)
 from memorywalker.engine import EngineConfig, run
+from memorywalker.engine.forward import forward_layout
+from memorywalker.engine.methods import get_method
+from memorywalker.layout import Batch
+from memorywalker.objectives.losses import forward_kl
 
 
 def _count_backwards(model) -> list[int]:
@@ -25,10 +39,14 @@ def test_sdcc_runs_exactly_one_backward(kit, renderer):
     n_students = sum(c.junction for c in batch.calls)
     assert res.metrics["students"] == n_students == len(res.eps_kl) >= 5
     views = sum(len(t.trajectory_ids) for t in batch.trees)
-    # One full view per trajectory, one sequence per abandoned attempt (the retry's first try), K students.
+    # One full view per trajectory and one sequence per abandoned attempt (the retry's first try), packed;
+    # then the students: each tree with a junction once (the long one and the group's; the short one has none).
     abandoned = sum(len(rt.full_view.abandoned) for g in batch.rendered for rt in g)
     assert abandoned == 1
-    assert res.metrics["forwards"] == views + abandoned + n_students
+    lay = res.layout
+    assert sum(b.pieces for b in lay.buffers[:lay.teacher_buffers]) == views + abandoned
+    assert sum(b.pieces for b in lay.buffers[lay.teacher_buffers:]) == len(batch.trees) - 1 == 2
+    assert len(lay.buffers) == 2  # 8192 tokens hold every full view in one buffer, every tree in another
     assert res.metrics["unmatched_calls"] == 0 and res.metrics["lost_targets"] == 0
     assert (res.eps_kl > 0).all()
     assert torch.allclose(res.metrics["tv_bound"], torch.sqrt(res.eps_kl.mean() / 2))
@@ -78,3 +96,54 @@ def test_optimizer_steps_lower_eps_kl(kit, renderer):
         history.append(run(model, batch, cfg, backward=False).metrics["eps_kl_mean"].item())
     assert all(b < a for a, b in zip(history, history[1:], strict=False)), history
     assert history[-1] < 0.5 * history[0], history
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 48], ids=["whole", "chunked"])
+def test_sdcc_students_equal_plain_forwards_of_their_contexts(kit, renderer, max_tokens):
+    """Each student distribution — read off its tree, sharing prefixes with the other students — equals
+    log_softmax of a plain ``model(input_ids=S_t)`` forward of that call alone (the reference: the
+    rendered call's tokens, default positions, no memorywalker buffer or mask), at every response token;
+    and the KL term's gradient equals the gradient of Σ_j mean_i KL(teacher ‖ plain student) / J.
+
+    The KL term's engine gradient is the difference of two runs, λ = 1 minus λ = 0 (the main loss is the
+    same in both). Teachers are the engine's full-view logits, detached: constants of the loss.
+    """
+    model = load_model(kit[1])
+    groups = random_groups(renderer, seed=6)
+    batch = Batch.from_groups(groups)
+    rendered = [rc for g in groups for rt in g for rc in rt.calls]
+    assert len(rendered) == len(batch.calls)
+    cfg = EngineConfig(method="sdcc", max_tokens=max_tokens)
+    with one_thread():
+        with torch.no_grad():
+            outs = list(forward_layout(model, get_method("sdcc").build_layout(batch, cfg),
+                                       torch.from_numpy(batch.targets.label), get_method("sdcc"), max_tokens))
+        lay = get_method("sdcc").build_layout(batch, cfg)
+        teacher = torch.empty(len(lay.kl_call), model.config.vocab_size)
+        student = torch.empty_like(teacher)
+        for b, out in enumerate(outs):
+            if out.kl_logits is not None:  # max_tokens 48: a buffer per full view, some without a junction
+                (teacher if b < lay.teacher_buffers else student)[torch.from_numpy(out.buffer.kl_row)] = out.kl_logits
+        # The reference: one plain forward per junction call; its KL rows are its targets in order.
+        model.zero_grad(set_to_none=True)
+        students = sorted(set(lay.kl_call.tolist()))
+        assert len(students) == sum(c.junction for c in batch.calls) >= 5
+        total = torch.zeros(())
+        for g in students:
+            rc = rendered[g]
+            logits = model(input_ids=torch.tensor([rc.tokens])).logits[0].float()
+            plain = logits[torch.tensor(rc.targets) - 1]
+            rows = torch.from_numpy((lay.kl_call == g).nonzero()[0])
+            assert len(rows) == len(rc.targets)
+            diff = (torch.log_softmax(student[rows], -1) - torch.log_softmax(plain.detach(), -1)).abs().max()
+            assert diff.item() <= 1e-5, (g, diff.item())
+            total = total + forward_kl(teacher[rows], plain).mean()
+        (total / len(students)).backward()
+        ref = grads(model)
+        engine = []
+        for lam in (1.0, 0.0):
+            model.zero_grad(set_to_none=True)
+            run(model, batch, EngineConfig(method="sdcc", max_tokens=max_tokens, sdcc_lambda=lam))
+            engine.append(grads(model))
+    kl_grad = [a - b for a, b in zip(*engine, strict=True)]
+    assert max_rel_grad_diff(kl_grad, ref) <= 1e-3

@@ -93,3 +93,10 @@ def test_harness_side_calls_keep_their_own_context(kit, tokenizer):
     got = run(model, batch, EngineConfig(method="sdcc"), backward=False).logprobs
     early = torch.from_numpy(batch.targets.call <= 1)
     assert torch.allclose(got[early], ref[early], atol=1e-5)
+    # The summarization call against a plain forward of its own tokens (no engine code): log p(S_t[i] | S_t[:i]).
+    rc = rt.calls[1]
+    with torch.no_grad():
+        plain = torch.log_softmax(model(input_ids=torch.tensor([rc.tokens])).logits[0].float(), -1)
+    idx = torch.tensor(rc.targets)
+    expected = plain[idx - 1, torch.tensor(rc.tokens)[idx]]
+    assert torch.allclose(got[torch.from_numpy(batch.targets.call == 1)], expected, atol=1e-5)

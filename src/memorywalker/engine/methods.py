@@ -77,7 +77,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tree-mask", tree_layout, "mask", EXACT,
            "trees packed in one forward under the ancestor mask (position id = depth)"),
     Method("sdcc", sdcc_layout, "radix", BOUNDED,
-           "full view for the main loss + one student per junction, KL(teacher || student)",
+           "full view for the main loss; each junction's S_t read off its tree (radix), KL(teacher || student)",
            backward="once", kl=True, full_view=True, layout_options=_sdcc_options),
     Method("dfs", dfs_layout, "radix", NAIVE,
            "the trie's tokens in depth-first order as one causal sequence"),

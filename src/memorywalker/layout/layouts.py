@@ -9,7 +9,8 @@ layout                 pieces                                                   
 ``tree_layout``        the whole tree, ancestor pattern, position id = depth      packed to max_tokens
 ``dfs_layout``         the tree's tokens in DFS order, causal, positions 0..n-1   packed to max_tokens
 ``rightmost_layout``   each trajectory's last ``S_T``, causal; targets found in   packed to max_tokens
-``sdcc_layout``        full views (main loss) then each junction's ``S_t``        one per piece
+``sdcc_layout``        full views (main loss), then each tree (its junctions'      packed to max_tokens
+                       ``S_t`` are root paths in it: the KL students)
 =====================  =========================================================  ===================
 
 In every exact layout the target at tree position ``p`` is predicted from the position holding its
@@ -175,13 +176,21 @@ def full_views(batch: Batch) -> list[list[FullView]]:
 
 
 def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> Layout:
-    """Full views carry the main targets and the teacher rows; one student piece per junction call
-    (``students="all"``: per selected call) carries the same response tokens on its compressed ``S_t``.
+    """Full views carry the main targets and the teacher rows; the students are the same response
+    tokens of each junction call (``students="all"``: of each selected call) on its compressed ``S_t``.
+
+    A call's ``S_t`` is the root path of its last token in the conditioning tree, so the students of
+    one tree are read off one piece: the tree itself, each KL row predicted from its token's tree parent
+    (as ``tree_layout`` predicts targets). The radix schedule runs a shared prefix once for all the
+    students below it; each student's distribution is the one a forward over its own ``S_t`` gives (the
+    exactness of the tree, tests/test_exact_reference.py). Full views and trees are packed into
+    buffers of ``max_tokens`` (full views first: ``teacher_buffers``).
 
     KL pairing row ``k`` is the same response token in a full view (teacher) and in a student. A
     harness-side call (``purpose`` summarize/fold) has no place in the uncompressed history: its main
-    loss is taken on its own ``S_t`` and it has no student. An abandoned call (a retry's first attempt)
-    is not in the full view either: its teacher is its own sequence, the full view up to its context.
+    loss is taken on its own ``S_t`` (read off the tree too) and it has no student. An abandoned call (a
+    retry's first attempt) is not in the full view either: its teacher is its own sequence, the full
+    view up to its context.
     """
     if students not in ("junctions", "all"):
         raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
@@ -191,6 +200,8 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
     lost = np.zeros(len(batch.targets), dtype=bool)
     teachers, student_pieces, kl_call, unmatched = [], [], [], []
     for i, tree in enumerate(batch.trees):
+        student_rows, student_preds = [], []  # KL rows of this tree's students, their predicting positions
+        tree_rows, tree_preds = [], []  # main-loss targets conditioned on their own S_t (harness calls)
         for view, gcalls in zip(views[i], _trajectory_calls(batch, i), strict=True):
             # teacher sequence -> (token ids, target rows, preds, kl rows, kl preds); -1 = the full view
             chains: dict[int, tuple[np.ndarray, list, list, list, list]] = {}
@@ -200,10 +211,10 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                 if rows is None:
                     continue
                 if c.index in view.harness_calls:
-                    # No uncompressed counterpart: the main loss conditions it on its own S_t.
-                    path = tree.root_path(c.end)
-                    teachers.append(Piece.chain(tree.token_ids[path], target_row=rows,
-                                                target_pred=tree.depth[pos[rows]] - 1))
+                    # No uncompressed counterpart: the main loss conditions it on its own S_t, read off
+                    # the tree like the students.
+                    tree_rows.append(rows)
+                    tree_preds.append(tree.parent[pos[rows]])
                     continue
                 key, (ids, start) = ((c.index, view.abandoned[c.index]) if c.index in view.abandoned
                                      else (-1, (view.token_ids, view.response_start.get(c.index))))
@@ -220,13 +231,18 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                     kl_call.extend([g] * len(rows))
                     kl_rows.append(k)
                     kl_preds.append(pred)
-                    path = tree.root_path(c.end)
-                    student_pieces.append(Piece.chain(tree.token_ids[path], kl_row=k,
-                                                      kl_pred=tree.depth[pos[rows]] - 1))
+                    student_rows.append(k)
+                    student_preds.append(tree.parent[pos[rows]])
             for ids, rows_all, preds, kl_rows, kl_preds in chains.values():
                 cat = np.concatenate
                 kl = dict(kl_row=cat(kl_rows), kl_pred=cat(kl_preds)) if kl_rows else {}
                 teachers.append(Piece.chain(ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
-    buffers = one_per_buffer(teachers) + one_per_buffer(student_pieces)
-    return _layout(batch, buffers, lost, teacher_buffers=len(teachers),
+        if student_rows or tree_rows:
+            cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
+            student_pieces.append(Piece(tree.token_ids, tree.depth, tree.tout, target_row=cat(tree_rows),
+                                        target_pred=cat(tree_preds), kl_row=cat(student_rows),
+                                        kl_pred=cat(student_preds)))
+    teacher_buffers = pack(teachers, max_tokens)
+    buffers = teacher_buffers + pack(student_pieces, max_tokens)
+    return _layout(batch, buffers, lost, teacher_buffers=len(teacher_buffers),
                    kl_call=np.asarray(kl_call, dtype=np.int64), unmatched_calls=unmatched)

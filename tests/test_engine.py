@@ -168,3 +168,34 @@ def test_grpo_objective_through_the_engine(kit, renderer):
     assert off.loss.item() == pytest.approx(-np.minimum(2 * a, 1.2 * a).mean(), rel=1e-4)
     assert off.metrics["mean_clipped"].item() == pytest.approx((a > 0).mean())
     assert off.metrics["logprob_abs_diff"].item() == pytest.approx(np.log(2.0), rel=1e-5)
+
+
+def test_grpo_without_reward_variance_skips_the_backward(kit, renderer):
+    """Rewards (1, 1, 1): every advantage is 0, so the PPO loss −min(ρA, clip(ρ)A) and its gradient are
+    exactly 0 — the engine runs the forwards (logprobs, gap metrics) and no backward, leaving no
+    gradient (what optimizer_step reads as zeros). SDCC's KL term does not vanish: it still backpropagates.
+    Rewards (1, 0, 0) backpropagate as usual."""
+    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group
+    from memorywalker.layout import Batch
+
+    def batch_with(rewards):
+        group = synthetic_group(SyntheticSpec(turns=3, evictions=1, words=5, seed=30), "g", 3)
+        for t, r in zip(group, rewards, strict=True):
+            t.reward = r
+        return Batch.from_groups([[renderer.render(t, full_view=True) for t in group]])
+
+    model = load_model(kit[1])
+    flat, varied = batch_with((1.0, 1.0, 1.0)), batch_with((1.0, 0.0, 0.0))
+    with one_thread():
+        model.zero_grad(set_to_none=True)
+        skipped = run(model, flat, EngineConfig(method="radix", objective="grpo"))
+        assert all(p.grad is None for p in model.parameters())
+        evaluated = run(model, flat, EngineConfig(method="radix", objective="grpo"), backward=False)
+        sdcc = run(model, flat, EngineConfig(method="sdcc", objective="grpo"))
+        assert sdcc.metrics["backwards"] == 1 and any(p.grad is not None for p in model.parameters())
+        model.zero_grad(set_to_none=True)
+        trained = run(model, varied, EngineConfig(method="radix", objective="grpo"))
+    assert skipped.metrics["backwards"] == 0 and skipped.metrics["forwards"] == evaluated.metrics["forwards"] > 0
+    assert skipped.loss.item() == 0.0 and torch.equal(skipped.logprobs, evaluated.logprobs)
+    assert trained.metrics["backwards"] == 1 and any(p.grad is not None and p.grad.abs().sum() > 0
+                                                     for p in model.parameters())

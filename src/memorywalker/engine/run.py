@@ -110,14 +110,18 @@ def _grpo_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
 class Objective:
     per_target: Callable  # (logprob [M], Columns, EngineConfig) -> (loss [M], stats {name: [M]})
     advantage: Callable[[Batch, EngineConfig], np.ndarray] = _batch_advantage
+    # Each target's loss is its advantage times a finite factor: with every advantage 0 (GRPO groups whose
+    # rewards are all equal) the loss and its gradient are exactly 0, and the backward can be skipped.
+    scaled_by_advantage: bool = False
 
 
 OBJECTIVES: dict[str, Objective] = {
     "nll": Objective(_nll),  # SFT: masked negative log-likelihood
-    "ppo": Objective(_ppo),  # PPO-clip with the advantages on the targets table
-    "grpo": Objective(_ppo, _grpo_advantage),  # PPO-clip with group-relative advantages from rewards
+    "ppo": Objective(_ppo, scaled_by_advantage=True),  # PPO-clip with the advantages on the targets table
+    # PPO-clip with group-relative advantages from rewards
+    "grpo": Objective(_ppo, _grpo_advantage, scaled_by_advantage=True),
     # −c_i·log p_i with c = the targets' advantage column: sequence-level losses (DPO) set c = −dL/dΣlogp
-    "weighted": Objective(_weighted),
+    "weighted": Objective(_weighted, scaled_by_advantage=True),
 }
 
 
@@ -168,7 +172,9 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
 
     With ``backward=True`` gradients are accumulated into ``model``'s parameters (``.grad``), by one
     backward per forward (methods with ``backward="each"``) or one in all (``sdcc``); the optimizer
-    step is the caller's. With ``backward=False`` nothing is differentiated (evaluation).
+    step is the caller's. A batch whose loss is 0 by construction — an objective scaled by the advantage,
+    every advantage 0, no KL term — accumulates nothing and runs no backward. With ``backward=False``
+    nothing is differentiated (evaluation).
     ``denominators`` come from :func:`step_denominators` over every micro-batch of the step; when
     omitted, this batch is the whole step (all-reduced over ranks when torch.distributed is up).
     """
@@ -196,6 +202,11 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         old_logprob=None if batch.old_logprob is None else torch.from_numpy(batch.old_logprob).float().to(device),
     )
 
+    if backward and objective.scaled_by_advantage and not method.kl and not cols.advantage.any():
+        # No target has an advantage (every GRPO group of the batch had equal rewards): the gradient is
+        # exactly 0, so the forwards run for the logprobs and metrics only. The optimizer step is the same:
+        # optimizer_step treats a missing gradient as zeros; no collective happens inside the engine.
+        backward = False
     logprobs = torch.full((n,), float("nan"), device=device)
     stats: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=device)

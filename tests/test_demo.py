@@ -86,6 +86,19 @@ def test_dfs_gap_is_at_the_floor_before_the_first_branch_and_well_above_it_after
         assert dfs["gap"] > 1e-3, h
 
 
+def test_methods_side_by_side_give_the_numbers_of_one_process(demo, tmp_path):
+    """The fixture ran the methods in 2 worker processes; run here one after the other in this process,
+    every number (rewards, gaps, losses, step metrics) is the same: each method's stages depend only on
+    the warm start and the seed, and run with one torch thread wherever they run."""
+    _, doc = demo
+    assert TINY.workers == 2
+    alone = run_demo(replace(TINY, workers=1, methods=("tree-mask", "sdcc")), tmp_path, progress=False,
+                     log=lambda s: None)
+    for m in ("tree-mask", "sdcc"):
+        for key in ("sft", "rl", "sft_loss", "rl_steps"):
+            assert json.dumps(alone["methods"][m][key]) == json.dumps(doc["methods"][m][key]), (m, key)
+
+
 def test_readme_table_block_is_found_and_compared_verbatim():
     readme = "intro\n<!-- demo-table:quick begin -->\n| a | b |\n<!-- demo-table:quick end -->\n"
     assert readme_table(readme, "quick") == "| a | b |"

@@ -2,7 +2,7 @@
 
 The quick demo (under 4 minutes on 2 cores) is rerun here and its table compared, character for
 character, with the block the README quotes between ``<!-- demo-table:quick begin/end -->``. The full
-demo's block is checked the same way by ``memorywalker demo --check-readme README.md`` (about 10
+demo's block is checked the same way by ``memorywalker demo --check-readme README.md`` (13-15
 minutes; docs/README section "What the demo shows"). Reruns are bitwise identical, so any difference
 means the README is stale.
 

@@ -23,12 +23,17 @@
    and RL against SFT (paired bootstrap over tasks); the train/rollout gap of each method on its own
    model's episodes (by branches before the call); ``eps_kl`` over SDCC's RL steps beside sqrt(eps_kl/2).
 
+Stages 4-6 of one method depend only on the warm start and the seed, so ``workers`` methods run side by
+side, each in its own process with one torch thread (:func:`run_method`): the numbers are the same with
+any number of workers.
+
 Writes ``DIR/results.json``, PNG plots, ``DIR/index.html`` and ``DIR/table.md`` (the README's tables)
 and prints the tables. Everything is seeded; reruns are bitwise identical; nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -87,6 +92,15 @@ class DemoConfig:
     rl_group: int = 8  # groups of 4 left a step without any reward variance (measured)
     rl_lr: float = 2e-4
     sdcc_lambda: float = 1.0
+    # Tokens per forward. The mask schedule (tree-mask) builds a dense [L, L] mask per buffer, whose cost on
+    # CPU grows with L²: 1024 holds one episode tree or GRPO forest, and is 2.5x faster than 4096 for the
+    # same loss (measured); a forest longer than that runs the radix schedule (engine/methods.py).
+    max_tokens: int = 4096
+    mask_max_tokens: int = 1024
+    # Methods trained side by side, each in its own process with one torch thread (their numbers do not
+    # depend on this). On 2 CPU cores two 1-thread processes do 1.6x the work of one 2-thread process
+    # (measured: 10 SFT steps took 16.6 s each side by side, 13.3 s alone with 2 threads).
+    workers: int = 2
     # --- evaluation
     eval_tasks: int = 64
     methods: tuple[str, ...] = METHODS
@@ -99,12 +113,12 @@ QUICK = replace(FULL, pretrain_steps=120, warm_episodes=800, warm_summaries=200,
 
 def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
     """Run every stage for one seed; return the results dict (also written to ``out/results.json``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
     from memorywalker.modelkit.pretrain import pretrain
-    from memorywalker.recipes import rl, sft
-    from memorywalker.records import write_trajectories
+    from memorywalker.recipes import sft
+    from memorywalker.records import read_trajectories
     from memorywalker.rollout import HarnessConfig, rollout
     from memorywalker.rollout.vault import VaultEnv
 
@@ -132,40 +146,70 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre_loss[0]:.3f} -> "
         f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
-    # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
-    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
-                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
-    if cfg.warm_summaries and "claude-code" in harness:
-        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
-                               n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
-        plain += [one for t in compacted for one in summary_call_records(t)]
-    expert, evictions = [], {}
-    for name, h in harness.items():
-        eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
-                               seed=cfg.seed, split="train")
-        expert += eps
-        evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
-        log(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, evictions {evictions[name]}")
-    write_trajectories(out / "expert.jsonl", expert)
+    # --- 2. expert episodes: uncompressed and single summarization calls (warm start), compressed (SFT) ---
+    evictions, lines = expert_data(cfg, str(out))
+    for line in lines:
+        log(line)
+    plain = read_trajectories(out / "warm.jsonl")
 
     # --- 3. warm start on the uncompressed episodes (one path each: every method trains the same) --------
     t0 = time.perf_counter()
     warm = sft.train(sft.SFTConfig(model=str(base_dir), run_dir=str(out / "warm"), method="radix",
                                    steps=cfg.warm_steps, batch_size=cfg.sft_batch, lr=cfg.warm_lr, warmup_steps=10,
-                                   max_tokens=4096, save_every=cfg.warm_steps, seed=cfg.seed),
+                                   max_tokens=cfg.max_tokens, save_every=cfg.warm_steps, seed=cfg.seed),
                      trajectories=plain, progress=progress)
     warm_loss = [float(m["loss"]) for m in warm.metrics]
     log(f"[warm] loss {warm_loss[0]:.3f} -> {warm_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
-    # --- 4-6. per method: SFT on compressed episodes, evaluate, GRPO, evaluate ---------------------------
-    tasks = _eval_tasks(env, cfg)
+    # --- 4-6. per method: SFT on compressed episodes, evaluate, GRPO, evaluate (side by side) -------------
+    jobs = [MethodJob(cfg, str(out), method, str(warm.final_dir)) for method in cfg.methods]
     results: dict[str, dict] = {}
-    for method in cfg.methods:
+    for job, (res, line) in zip(jobs, _map_jobs(jobs, cfg.workers), strict=True):
+        results[job.method] = res
+        log(line)
+
+    doc = {"config": asdict(cfg), "pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
+           "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)], "methods": results}
+    doc["summary"] = summarize(doc)
+    doc["seconds_total"] = round(time.perf_counter() - t_start, 1)
+    (out / "results.json").write_text(json.dumps(doc, indent=2, default=_num))
+    write_report(doc, out)
+    return doc
+
+
+@dataclass(frozen=True)
+class MethodJob:
+    """One method's stages 4-6; everything else it needs is in ``out`` (kit, expert.jsonl, warm start)."""
+
+    cfg: DemoConfig
+    out: str
+    method: str
+    warm_dir: str
+
+
+def run_method(job: MethodJob) -> tuple[dict, str]:
+    """SFT from the warm start, evaluate, GRPO from that checkpoint, evaluate: the method's results and a
+    log line. Runs with one torch thread wherever it runs (a worker process or this one), so its numbers
+    do not depend on ``workers``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memorywalker.recipes import rl, sft
+    from memorywalker.records import read_trajectories
+    from memorywalker.rollout import HarnessConfig
+    from memorywalker.rollout.vault import VaultEnv
+
+    cfg, out, method = job.cfg, Path(job.out), job.method
+    with _threads(1):
+        env = VaultEnv(cfg.seed)
+        harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
+        tokenizer = AutoTokenizer.from_pretrained(out / "kit" / "tokenizer")
+        expert = read_trajectories(out / "expert.jsonl")
+        tasks = _eval_tasks(env, cfg)
         t0 = time.perf_counter()
-        res = sft.train(sft.SFTConfig(model=str(warm.final_dir), run_dir=str(out / f"sft-{method}"), method=method,
+        res = sft.train(sft.SFTConfig(model=job.warm_dir, run_dir=str(out / f"sft-{method}"), method=method,
                                       steps=cfg.sft_steps, batch_size=cfg.sft_batch, lr=cfg.sft_lr, warmup_steps=5,
-                                      max_tokens=4096, save_every=cfg.sft_steps, sdcc_lambda=cfg.sdcc_lambda,
-                                      seed=cfg.seed), trajectories=expert, progress=progress)
+                                      max_tokens=_max_tokens(cfg, method), save_every=cfg.sft_steps,
+                                      sdcc_lambda=cfg.sdcc_lambda, seed=cfg.seed), trajectories=expert, progress=False)
         sft_seconds = time.perf_counter() - t0
         model = AutoModelForCausalLM.from_pretrained(res.final_dir).eval()
         sft_eval = _evaluate(model, tokenizer, env, harness, tasks, method, cfg, out / f"eval-sft-{method}")
@@ -173,31 +217,85 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
         rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{method}"), method=method,
                                       env="vault", steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts,
                                       group_size=cfg.rl_group, suite=cfg.suite, harness=cfg.harnesses[0],
-                                      budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                                      lr=cfg.rl_lr, sdcc_lambda=cfg.sdcc_lambda, max_tokens=4096,
-                                      save_every=cfg.rl_steps, seed=cfg.seed),
-                          env=env, progress=progress)
+                                      budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns,
+                                      max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, sdcc_lambda=cfg.sdcc_lambda,
+                                      max_tokens=_max_tokens(cfg, method), save_every=cfg.rl_steps, seed=cfg.seed),
+                          env=env, progress=False)
         rl_seconds = time.perf_counter() - t0
         model = AutoModelForCausalLM.from_pretrained(rl_res.final_dir).eval()
         rl_eval = _evaluate(model, tokenizer, env, harness, tasks, method, cfg, out / f"eval-rl-{method}")
-        steps = rl_res.metrics
-        results[method] = {
-            "sft": sft_eval, "rl": rl_eval,
-            "sft_loss": [float(m["loss"]) for m in res.metrics],
-            "rl_steps": {k: [_num(m.get(k)) for m in steps] for k in
-                         ("reward_mean", "groups_with_signal", "logprob_abs_diff", "eps_kl_mean", "tv_bound")},
-            "sft_seconds": round(sft_seconds, 1), "rl_seconds": round(rl_seconds, 1),
-        }
-        log(f"[{method}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}; RL {rl_seconds:.0f}s reward per "
+    steps = rl_res.metrics
+    result = {
+        "sft": sft_eval, "rl": rl_eval,
+        "sft_loss": [float(m["loss"]) for m in res.metrics],
+        "rl_steps": {k: [_num(m.get(k)) for m in steps] for k in
+                     ("reward_mean", "groups_with_signal", "logprob_abs_diff", "eps_kl_mean", "tv_bound")},
+        "sft_seconds": round(sft_seconds, 1), "rl_seconds": round(rl_seconds, 1),
+    }
+    line = (f"[{method}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}; RL {rl_seconds:.0f}s reward per "
             f"step {[round(_num(m.get('reward_mean')), 2) for m in steps]} -> {_rewards_line(rl_eval)}")
+    return result, line
 
-    doc = {"config": asdict(cfg), "pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
-           "expert_evictions": evictions, "tasks": [t.id for t in tasks], "methods": results}
-    doc["summary"] = summarize(doc)
-    doc["seconds_total"] = round(time.perf_counter() - t_start, 1)
-    (out / "results.json").write_text(json.dumps(doc, indent=2, default=_num))
-    write_report(doc, out)
-    return doc
+
+def _map_jobs(jobs: list[MethodJob], workers: int):
+    """``run_method`` over ``jobs``, results in job order: here, or in ``workers`` processes."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(run_method, jobs)
+        return
+    with _pool(min(workers, len(jobs))) as pool:
+        yield from pool.map(run_method, jobs)
+
+
+def _pool(workers: int):
+    """Worker processes, spawned (a fork would copy this process's torch thread pool in a broken state)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def expert_data(cfg: DemoConfig, out: str) -> tuple[dict, list[str]]:
+    """The scripted expert's episodes: ``out/warm.jsonl`` (uncompressed episodes, then the summarization
+    calls of ``claude-code`` episodes as one-call records) and ``out/expert.jsonl`` (compressed episodes
+    under each harness, for SFT). Returns the evictions per harness and log lines."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.records import write_trajectories
+    from memorywalker.rollout import HarnessConfig, rollout
+    from memorywalker.rollout.vault import VaultEnv
+
+    out_dir = Path(out)
+    env = VaultEnv(cfg.seed)
+    scripted = env.expert(cfg.expert_forget)  # its carelessness is drawn per task at each episode's start
+    tokenizer = AutoTokenizer.from_pretrained(out_dir / "kit" / "tokenizer")
+    harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
+    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
+                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
+    if cfg.warm_summaries and "claude-code" in harness:
+        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
+                               n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
+        plain += [one for t in compacted for one in summary_call_records(t)]
+    write_trajectories(out_dir / "warm.jsonl", plain)
+    expert, evictions, lines = [], {}, []
+    for name, h in harness.items():
+        eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
+                               seed=cfg.seed, split="train")
+        expert += eps
+        evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
+        lines.append(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, "
+                     f"evictions {evictions[name]}")
+    write_trajectories(out_dir / "expert.jsonl", expert)
+    return evictions, lines
 
 
 def run_seeds(cfg: DemoConfig, out: str | Path, seeds: int, *, progress: bool = True, log=print) -> dict:
@@ -252,6 +350,10 @@ def readme_table(readme: str, name: str) -> str:
     if begin not in readme or end not in readme:
         raise ValueError(f"README has no {begin} ... {end} block")
     return readme.split(begin, 1)[1].split(end, 1)[0].strip()
+
+
+def _max_tokens(cfg: DemoConfig, method: str) -> int:
+    return cfg.mask_max_tokens if get_method(method).schedule == "mask" else cfg.max_tokens
 
 
 def _eval_tasks(env, cfg: DemoConfig) -> list:

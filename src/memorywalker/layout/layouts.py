@@ -96,6 +96,15 @@ def _trajectory_calls(batch: Batch, i: int) -> list[list[int]]:
     return out
 
 
+def _tree_piece(tree, **targets) -> Piece:
+    """The whole tree as one piece: ancestor pattern (Euler ends), position id = depth."""
+    return Piece(tree.token_ids, tree.depth, tree.tout, **targets)
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
 def _tree_rows(batch: Batch, i: int) -> np.ndarray:
     return np.flatnonzero(batch.target_tree == i)
 
@@ -106,7 +115,7 @@ def tree_layout(batch: Batch, max_tokens: int) -> Layout:
     pieces = []
     for i, tree in enumerate(batch.trees):
         rows = _tree_rows(batch, i)
-        pieces.append(Piece(tree.token_ids, tree.depth, tree.tout, target_row=rows, target_pred=tree.parent[pos[rows]]))
+        pieces.append(_tree_piece(tree, target_row=rows, target_pred=tree.parent[pos[rows]]))
     return _layout(batch, pack(pieces, max_tokens))
 
 
@@ -198,7 +207,7 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
     by_call = _rows_by_call(batch)
     views = full_views(batch)
     lost = np.zeros(len(batch.targets), dtype=bool)
-    teachers, student_pieces, kl_call, unmatched = [], [], [], []
+    teachers, tree_pieces, kl_call, unmatched = [], [], [], []
     for i, tree in enumerate(batch.trees):
         student_rows, student_preds = [], []  # KL rows of this tree's students, their predicting positions
         tree_rows, tree_preds = [], []  # main-loss targets conditioned on their own S_t (harness calls)
@@ -234,15 +243,12 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                     student_rows.append(k)
                     student_preds.append(tree.parent[pos[rows]])
             for ids, rows_all, preds, kl_rows, kl_preds in chains.values():
-                cat = np.concatenate
-                kl = dict(kl_row=cat(kl_rows), kl_pred=cat(kl_preds)) if kl_rows else {}
-                teachers.append(Piece.chain(ids, target_row=cat(rows_all), target_pred=cat(preds), **kl))
+                kl = dict(kl_row=_cat(kl_rows), kl_pred=_cat(kl_preds)) if kl_rows else {}
+                teachers.append(Piece.chain(ids, target_row=_cat(rows_all), target_pred=_cat(preds), **kl))
         if student_rows or tree_rows:
-            cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
-            student_pieces.append(Piece(tree.token_ids, tree.depth, tree.tout, target_row=cat(tree_rows),
-                                        target_pred=cat(tree_preds), kl_row=cat(student_rows),
-                                        kl_pred=cat(student_preds)))
+            tree_pieces.append(_tree_piece(tree, target_row=_cat(tree_rows), target_pred=_cat(tree_preds),
+                                           kl_row=_cat(student_rows), kl_pred=_cat(student_preds)))
     teacher_buffers = pack(teachers, max_tokens)
-    buffers = teacher_buffers + pack(student_pieces, max_tokens)
+    buffers = teacher_buffers + pack(tree_pieces, max_tokens)
     return _layout(batch, buffers, lost, teacher_buffers=len(teacher_buffers),
                    kl_call=np.asarray(kl_call, dtype=np.int64), unmatched_calls=unmatched)

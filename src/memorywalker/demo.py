@@ -118,7 +118,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
     from memorywalker.modelkit.pretrain import pretrain
     from memorywalker.recipes import sft
-    from memorywalker.records import read_trajectories
+    from memorywalker.records import write_trajectories
     from memorywalker.rollout import HarnessConfig, rollout
     from memorywalker.rollout.vault import VaultEnv
 
@@ -146,11 +146,21 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre_loss[0]:.3f} -> "
         f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
 
-    # --- 2. expert episodes: uncompressed and single summarization calls (warm start), compressed (SFT) ---
-    evictions, lines = expert_data(cfg, str(out))
-    for line in lines:
-        log(line)
-    plain = read_trajectories(out / "warm.jsonl")
+    # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
+    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
+                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
+    if cfg.warm_summaries and "claude-code" in harness:
+        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
+                               n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
+        plain += [one for t in compacted for one in summary_call_records(t)]
+    expert, evictions = [], {}
+    for name, h in harness.items():
+        eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
+                               seed=cfg.seed, split="train")
+        expert += eps
+        evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
+        log(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, evictions {evictions[name]}")
+    write_trajectories(out / "expert.jsonl", expert)  # the method workers read it
 
     # --- 3. warm start on the uncompressed episodes (one path each: every method trains the same) --------
     t0 = time.perf_counter()
@@ -262,40 +272,6 @@ def _threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def expert_data(cfg: DemoConfig, out: str) -> tuple[dict, list[str]]:
-    """The scripted expert's episodes: ``out/warm.jsonl`` (uncompressed episodes, then the summarization
-    calls of ``claude-code`` episodes as one-call records) and ``out/expert.jsonl`` (compressed episodes
-    under each harness, for SFT). Returns the evictions per harness and log lines."""
-    from transformers import AutoTokenizer
-
-    from memorywalker.records import write_trajectories
-    from memorywalker.rollout import HarnessConfig, rollout
-    from memorywalker.rollout.vault import VaultEnv
-
-    out_dir = Path(out)
-    env = VaultEnv(cfg.seed)
-    scripted = env.expert(cfg.expert_forget)  # its carelessness is drawn per task at each episode's start
-    tokenizer = AutoTokenizer.from_pretrained(out_dir / "kit" / "tokenizer")
-    harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
-    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
-                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
-    if cfg.warm_summaries and "claude-code" in harness:
-        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
-                               n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
-        plain += [one for t in compacted for one in summary_call_records(t)]
-    write_trajectories(out_dir / "warm.jsonl", plain)
-    expert, evictions, lines = [], {}, []
-    for name, h in harness.items():
-        eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
-                               seed=cfg.seed, split="train")
-        expert += eps
-        evictions[name] = dict(sorted(Counter(",".join(e.kind for e in t.evictions) for t in eps).items()))
-        lines.append(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, "
-                     f"evictions {evictions[name]}")
-    write_trajectories(out_dir / "expert.jsonl", expert)
-    return evictions, lines
 
 
 def run_seeds(cfg: DemoConfig, out: str | Path, seeds: int, *, progress: bool = True, log=print) -> dict:

@@ -10,12 +10,12 @@ import torch
 
 from memorywalker.attention.masks import backend_of, use_backend
 from memorywalker.engine.forward import forward_layout, model_device
+from memorywalker.engine.head import OutputHead, chunked_forward_kl
 from memorywalker.engine.methods import get_method
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
 from memorywalker.objectives.losses import (
     behaviour_logprob,
-    forward_kl,
     grpo_advantages,
     nll,
     ppo_clip,
@@ -44,6 +44,9 @@ class EngineConfig:
     # Logprobs (and SDCC's KL) are of logits / temperature: the sampling temperature of the rollouts, whose
     # recorded logprobs are of that distribution, so the PPO ratio is against the policy that sampled.
     temperature: float = 1.0
+    # Radix schedule: recompute each forward's activations in the backward, keeping only the cached
+    # keys/values (long chains in memory ~ U x K/V bytes per token + one forward's activations).
+    checkpoint_chunks: bool = False
 
 
 @dataclass
@@ -185,6 +188,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
     layout = layout_for(batch, cfg)
     device = model_device(model)
+    head = OutputHead.of(model)
     if backend is not None and backend.name == "flex" and backward and device.type != "cuda":
         raise ValueError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
                          "or run flex with backward=False")
@@ -211,15 +215,15 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     stats: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=device)
     pending = torch.zeros((), device=device)  # graph of a one-backward method
-    teacher: torch.Tensor | None = None  # [J, V] detached teacher log-probabilities (sdcc)
+    teacher: torch.Tensor | None = None  # [J, H] detached teacher hidden states (sdcc)
     kl_rows = torch.zeros(len(layout.kl_call), device=device)
     passes = {"forwards": 0, "tokens": 0, "backwards": 0}
     grad = torch.enable_grad() if backward else torch.no_grad()
     with grad:
         outputs = forward_layout(model, layout, torch.from_numpy(tg.label), method, cfg.max_tokens, backend,
-                                 cfg.temperature)
+                                 cfg.temperature, cfg.checkpoint_chunks)
         for b, out in enumerate(outputs):
-            buf, logprob, kl_logits = out.buffer, out.logprob, out.kl_logits
+            buf, logprob, kl_hidden = out.buffer, out.logprob, out.kl_hidden
             passes["forwards"] += out.forwards
             passes["tokens"] += out.tokens
             rows = torch.from_numpy(buf.target_row).to(device)
@@ -230,14 +234,14 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
                 chunk = aggregate(per_target, coef[rows], den, cfg.dp_size)
                 for k, v in st.items():
                     stats.setdefault(k, torch.full((n,), float("nan"), device=device))[rows] = v.detach()
-            if kl_logits is not None:
+            if kl_hidden is not None:
                 k_idx = torch.from_numpy(buf.kl_row).to(device)
                 if b < layout.teacher_buffers:
                     if teacher is None:
-                        teacher = torch.empty(len(layout.kl_call), kl_logits.shape[-1], device=device)
-                    teacher[k_idx] = torch.log_softmax(kl_logits.detach().float(), -1)  # stop-gradient
+                        teacher = kl_hidden.new_empty(len(layout.kl_call), kl_hidden.shape[-1])
+                    teacher[k_idx] = kl_hidden.detach()  # stop-gradient; its distribution is recomputed per chunk
                 else:
-                    kl = forward_kl(teacher[k_idx], kl_logits)  # [j] per token
+                    kl = chunked_forward_kl(head, teacher[k_idx], kl_hidden, temperature=cfg.temperature)  # [j]
                     kl_rows = kl_rows.index_put((k_idx,), kl, accumulate=True)
             if method.backward == "each":
                 if backward and chunk.requires_grad:

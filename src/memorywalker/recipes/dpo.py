@@ -213,7 +213,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 
     # --- reference sums, once (before any update or resume), through the cache -------------------------
     engine = EngineConfig(method=cfg.method, objective="nll", normalization="token", attention=cfg.attention,
-                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks)
     ref_model = model
     if cfg.ref_model is not None:
         ref_model, _ = load_model(cfg.ref_model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))

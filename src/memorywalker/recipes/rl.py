@@ -173,6 +173,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                           grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,

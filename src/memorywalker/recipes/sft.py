@@ -126,7 +126,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     if info.is_main:
         record_config(cfg)
     engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
-                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 

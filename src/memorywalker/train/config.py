@@ -75,6 +75,9 @@ class TrainConfig(RecipeConfig):
     attention: str | None = None  # mask-schedule methods: sdpa | eager | flex; None = the model's own
     max_tokens: int = 8192  # tokens per forward (packed buffer / radix chunk and batch size)
     sdcc_lambda: float = 1.0  # sdcc: weight λ of KL(teacher ‖ student)
+    # radix schedule: recompute each forward's activations in the backward, keeping the cached keys/values
+    # (long sessions in memory ~ tokens x K/V bytes per token; costs one more forward)
+    checkpoint_chunks: bool = False
     # --- optimization
     steps: int = 100  # optimizer steps of the whole run
     grad_accum: int = 1  # micro-batches per rank per optimizer step

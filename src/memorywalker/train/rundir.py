@@ -29,7 +29,7 @@ RUN_ARTIFACTS = ("config.json", "metrics.jsonl", "checkpoints", "final")
 RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "save_every",
                               "keep_checkpoints", "tensorboard", "wandb", "wandb_project", "wandb_mode",
                               "device", "parallel",
-                              "activation_checkpointing", "collective_timeout"})
+                              "activation_checkpointing", "checkpoint_chunks", "collective_timeout"})
 
 
 def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

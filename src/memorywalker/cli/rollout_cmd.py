@@ -40,7 +40,8 @@ def rollout_cmd(
     top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
     model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
     request_timeout: float = typer.Option(120.0, "--request-timeout", min=0.001,
-                                          help="openai: seconds to wait for one answer before retrying"),
+                                          help="openai: seconds one request may take in all (connecting, headers, the whole "
+                                               "body) before it is retried"),
     retries: int = typer.Option(3, "--retries", min=0,
                                 help="openai: retries of a refused connection, timeout or 5xx (backoff 1, 2, 4 s...)"),
     override_config: bool = typer.Option(False, "--override-config",

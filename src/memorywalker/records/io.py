@@ -78,7 +78,7 @@ def parse_line(raw: bytes, *, final: bool, vocab_size: int | None = None,
     except UnicodeDecodeError as e:
         raise RecordError("non_utf8", f"byte {e.start}: {e.reason}") from None
     try:
-        obj = loads(text, limits)
+        obj = loads(text.rstrip("\n"), limits)
     except json.JSONDecodeError as e:
         if final and not raw.endswith(b"\n"):
             raise RecordError("truncated_line", f"unterminated last line ({e.msg} at char {e.pos})") from None

@@ -43,9 +43,9 @@ from memorywalker.train.config import ConfigError
 
 RUN_ARTIFACTS = ("config.json", "metrics.jsonl", "checkpoints", "final")
 LOCK_NAME = ".memorywalker.lock"
-# Fields that say how a run was invoked, not what it is: a resume that changes only these is the same
-# configuration (nothing is appended to config.history.jsonl).
-INVOCATION_FIELDS = frozenset({"resume", "override_config"})
+# Fields that say how and where a run was invoked, not what it is: a resume that changes only these is
+# the same configuration (nothing is appended to config.history.jsonl; a moved run dir is the same run).
+INVOCATION_FIELDS = frozenset({"resume", "override_config", "run_dir"})
 # Fields that do not change what any step computes: a resume may change them freely. ``steps`` only
 # moves the end of the run (the learning-rate schedule depends on warmup_steps, not on steps).
 RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "save_every",
@@ -231,8 +231,8 @@ def check_resumed(cfg: BaseModel, state: dict[str, Any] | None, inputs: dict[str
 
 
 def record_config(cfg: BaseModel) -> None:
-    """Write ``run_dir/config.json`` (atomically); a replaced one that differs in more than how the run
-    was invoked (``resume``, ``override_config``) goes to ``config.history.jsonl``."""
+    """Write ``run_dir/config.json`` (atomically); a replaced one that differs in more than how and where
+    the run was invoked (``resume``, ``override_config``, ``run_dir``) goes to ``config.history.jsonl``."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.json"

@@ -123,8 +123,8 @@ def tiny_disk(tmp_path):
         return where
 
     yield mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], capture_output=True)
+    for where in mounted:  # lazily: the failed run may still hold a file open there (its metrics.jsonl)
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.mark.parametrize("size, file", [("256k", "model.safetensors"), ("1m", "optimizer.pt")])

@@ -63,10 +63,12 @@ _TOKENS = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(f"(?:{p})" for p in [
 _PEM = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)", re.S)
 # ``scheme://user:password@host`` (the user part may be empty: ``redis://:pw@host``).
 _URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)([^\s/@:<>\"'`]*):([^\s/@<>\"'`]+)@")
-_BEARER = re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/\-]+=*)")  # Authorization header schemes
+# Authorization schemes: ``Bearer <token>`` anywhere, ``Basic <base64>`` in an Authorization header.
+_BEARER = re.compile(r"""(?i)(\b(authorization["']?\s*[:=]\s*["']?)?bearer\s+)([A-Za-z0-9._~+/\-]+=*)""")
+_BASIC = re.compile(r"""(?i)(\bauthorization["']?\s*[:=]\s*["']?basic\s+)([A-Za-z0-9+/]{6,}={0,2})""")
 # ``NAME = value`` / ``name: value`` / ``"name": "value"``: the name decides (_secret_name), the value
 # is quoted or runs to a delimiter.
-_ASSIGNED = re.compile(r"""(?<![\w$])([A-Za-z_][\w.\-]*)(["']?\s*([:=])\s*)(?:"([^"\n]{1,256})"|'([^'\n]{1,256})'|([^\s"'<>,;&)\]}]+))""")
+_ASSIGNED = re.compile(r"""(?<![\w$])([A-Za-z_][\w.\-]*)(["']?[ \t]*([:=])[ \t]*)(?:"([^"\n]{1,256})"|'([^'\n]{1,256})'|([^\s"'<>,;&)\]}]+))""")
 # Bare AWS secret access keys: 40 base64 characters standing alone (checked for randomness).
 _BARE_40 = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}")
@@ -78,10 +80,13 @@ _HOME = re.compile(r"(?:(?<![\w.])/home/|(?<![\w.])/Users/|\\/home\\/|\\/Users\\
                    r"|\b[A-Za-z]:(?:\\{1,4}|/)Users(?:\\{1,4}|/))(?!<)([A-Za-z0-9_.\-]*[A-Za-z0-9_])")
 _PLACEHOLDER = r"<[A-Z_]+_\d+>"
 
-# Name words that say a value is a secret: anywhere in the name, or as one of its parts (FOO_KEY).
+# Name words that say a value is a secret: anywhere in the name, or as one of its parts (DB_PASS). A
+# weak part (STRIPE_KEY, but also STORAGE_KEY) needs a value that is not a plain word: a digit in it,
+# or mixed case.
 _STRONG = re.compile(r"(?i)passw(?:or)?d|passphrase|secret|token|api[_\-]?key|access[_\-]?key|private[_\-]?key"
                      r"|credential|auth")
-_PARTS = {"key", "pass", "pwd", "pw", "pat", "cookie", "dsn", "sig", "signature", "salt"}
+_STRONG_PARTS = {"pass", "pwd", "pw"}
+_WEAK_PARTS = {"key", "pat", "cookie", "dsn", "sig", "signature", "salt"}
 # ... unless the name is a count or a tool setting: max_tokens, tokens_before, token_type, tokenizer, author.
 _NOT_SECRET_NAMES = re.compile(r"(?i)(?:^|_)(?:max|num|n|total|input|output|prompt|completion|cached|reasoning)_?"
                                r"tokens?(?:$|_)|(?:^|_)tokens(?:$|_)|token_(?:count|used|before|after|limit|budget|len"
@@ -91,7 +96,8 @@ _NOT_SECRET_VALUES = re.compile(r"(?i)^(?:true|false|none|null|nil|undefined|yes
 # Account names too common to search for on their own (their home paths are still redacted).
 _GENERIC_USERS = {"root", "admin", "administrator", "user", "users", "ubuntu", "runner", "vscode", "codespace",
                   "node", "jenkins", "docker", "git", "guest", "nobody", "vagrant", "ec2-user", "centos", "debian",
-                  "pi", "dev", "developer", "app", "test", "default", "public", "shared", "home", "work"}
+                  "pi", "dev", "developer", "app", "test", "default", "public", "shared", "home", "work", "me",
+                  "username", "your_user", "yourname", "name", "you"}
 
 
 def entropy(s: str) -> float:
@@ -101,13 +107,18 @@ def entropy(s: str) -> float:
 
 
 def looks_random(v: str) -> bool:
-    """A credential rather than a word, number or path: 16+ characters, 3+ character classes (or 32+
-    hex digits), at least 3.5 bits of entropy per character."""
-    if len(v) < 16 or v.startswith(("/", "~", "./", "../")) or "://" in v or "\\" in v:
+    """A credential rather than a word, an identifier, a version, a path or code: 16+ token characters
+    (base64/base62 and ``-_.~``), upper- and lower-case letters and digits all present, at least 3.5
+    bits of entropy per character.
+
+    >>> looks_random("q8Zt3LmN0pR7vX2wK9yB4cD6"), looks_random("Spotter.Transcripts.FileSnapshot")
+    (True, False)
+    """
+    if len(v) < 16 or not re.fullmatch(r"[A-Za-z0-9+/=_\-.~]+", v) or v.startswith(("/", "~", ".")):
         return False
-    classes = sum(any(f(c) for c in v) for f in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum()))
-    hexdigits = re.fullmatch(r"[0-9a-fA-F]{32,}", v) is not None
-    return (classes >= 3 or hexdigits) and entropy(v) >= 3.5
+    if not (any(c.islower() for c in v) and any(c.isupper() for c in v) and any(c.isdigit() for c in v)):
+        return False
+    return entropy(v) >= 3.5
 
 
 def specific(v: str) -> bool:
@@ -116,11 +127,14 @@ def specific(v: str) -> bool:
     return len(v) >= 8 or (len(v) >= 5 and has_digit and has_alpha)
 
 
-def _secret_name(name: str) -> bool:
+def _secret_name(name: str, value: str) -> bool:
     if _NOT_SECRET_NAMES.search(name):
         return False
     parts = {p.lower() for p in re.split(r"[_.\-]|(?<=[a-z])(?=[A-Z])", name) if p}
-    return bool(_STRONG.search(name) or parts & _PARTS)
+    if _STRONG.search(name) or parts & _STRONG_PARTS:
+        return True
+    word = not any(c.isdigit() for c in value) and (value.islower() or value.isupper())
+    return bool(parts & _WEAK_PARTS) and not word
 
 
 class Redactor:
@@ -162,8 +176,10 @@ class Redactor:
         quote = '"' if m.group(4) is not None else "'" if m.group(5) is not None else ""
         if value.startswith("<") or _NOT_SECRET_VALUES.search(value):
             return m.group(0)
-        if _secret_name(name):
+        if _secret_name(name, value):
             if len(value) < 3 or (kind == ":" and not quote and not specific(value)):  # prose: "token: the"
+                return m.group(0)
+            if not quote and re.search(r"[()\[\]{}$`]", value):  # code: key = f(x), token: ${VAR}
                 return m.group(0)
             what = "PASSWORD" if re.search(r"(?i)pass|pwd|pw$", name) else "API_KEY"
         elif kind == "=" and looks_random(value):
@@ -181,9 +197,11 @@ class Redactor:
         return m.group(1) + self._placeholder("CREDENTIALS", f"{user}:{password}", search=True) + "@"
 
     def _bearer(self, m: re.Match) -> str:
-        token = m.group(2)
-        if token.startswith("<") or not (len(token) >= 4 and (not token.isalpha() or not token.islower())):
-            return m.group(0)  # "bearer token", "Bearer authentication": words, not tokens
+        token, header = m.group(3), m.group(2) is not None
+        has_digit, has_alpha = any(c.isdigit() for c in token), any(c.isalpha() for c in token)
+        if token.startswith("<") or not (header and len(token) >= 4 and not (token.isalpha() and token.islower())
+                                         or len(token) >= 6 and has_digit and has_alpha):
+            return m.group(0)  # "the bearer of", "bearer token", "Bearer Usage": words, not tokens
         return m.group(1) + self._placeholder("API_KEY", token, search=True)
 
     def _phone(self, m: re.Match) -> str:
@@ -213,6 +231,7 @@ class Redactor:
         s = _URL_CREDENTIALS.sub(self._url, s)
         s = _TOKENS.sub(lambda m: self._placeholder("API_KEY", m.group(0), search=True), s)
         s = _BEARER.sub(self._bearer, s)
+        s = _BASIC.sub(lambda m: m.group(1) + self._placeholder("API_KEY", m.group(2), search=True), s)
         s = _ASSIGNED.sub(self._assigned, s)
         s = _BARE_40.sub(lambda m: self._placeholder("API_KEY", m.group(0), search=True)
                          if looks_random(m.group(0)) else m.group(0), s)
@@ -220,12 +239,12 @@ class Redactor:
         s = _PHONE.sub(self._phone, s)
         s = _IPV4.sub(self._ip, s)
         if self._local_home and self._local_home not in ("/", "") and self._local_home in s:
-            local = self._local if self._local and self._local not in _GENERIC_USERS else Path(self._local_home).name
+            local = self._local if self._local and self._local.lower() not in _GENERIC_USERS else Path(self._local_home).name
             s = re.sub(re.escape(self._local_home) + r"(?![\w.\-])", f"<HOME_{self._user(local)}>", s)
         s = _HOME.sub(self._home, s)
         if "-home-" in s or "-Users-" in s:
             s = self._dash_homes(s)
-        if self._local and self._local not in _GENERIC_USERS and len(self._local) >= 3 and \
+        if self._local and self._local.lower() not in _GENERIC_USERS and len(self._local) >= 3 and \
                 re.search(rf"(?<![A-Za-z0-9]){re.escape(self._local)}(?![A-Za-z0-9])", s):
             self._user(self._local)
         return s
@@ -235,7 +254,7 @@ class Redactor:
     def _searcher(self) -> re.Pattern:
         if self._search is None:
             values = sorted(self.searched, key=len, reverse=True)
-            users = [u for u in sorted(self.users, key=len, reverse=True) if u not in _GENERIC_USERS and len(u) >= 3]
+            users = [u for u in sorted(self.users, key=len, reverse=True) if u.lower() not in _GENERIC_USERS and len(u) >= 3]
             alternatives = [f"(?P<ph>{_PLACEHOLDER})"]  # already replaced: keep
             alternatives += [f"(?<![A-Za-z0-9]){re.escape(v)}(?![A-Za-z0-9])" if len(v) < 12 else re.escape(v)
                              for v in values]

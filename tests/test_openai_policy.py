@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -31,27 +32,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def flaky_server():
-    """Answers 503 to the first two requests, then a completion; records every request body."""
-    bodies: list[dict] = []
+@contextmanager
+def serving(answer):
+    """A local server whose POST handler is ``answer(handler, body)``; yields its URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 (http.server's name)
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            code, payload = (503, b"overloaded") if len(bodies) <= 2 else (200, json.dumps(COMPLETION).encode())
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            answer(self, self.rfile.read(int(self.headers["Content-Length"])))
 
         def log_message(self, *args):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", bodies
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def reply(handler, code: int, payload: bytes) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+@pytest.fixture
+def flaky_server():
+    """Answers 503 to the first two requests, then a completion; records every request body."""
+    bodies: list[dict] = []
+
+    def answer(handler, body):
+        bodies.append(json.loads(body))
+        reply(handler, *((503, b"overloaded") if len(bodies) <= 2 else (200, json.dumps(COMPLETION).encode())))
+
+    with serving(answer) as url:
+        yield url, bodies
 
 
 def test_5xx_is_retried_with_backoff_then_succeeds(flaky_server):
@@ -107,27 +124,20 @@ def test_cli_rollout_against_a_dead_endpoint_is_one_line_and_leaves_no_file(tmp_
 def trickling_server():
     """Answers every request with ``Content-Length: 100000`` and then one byte a second."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "100000")
-            self.end_headers()
-            try:
-                for _ in range(100):
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                    time.sleep(1)
-            except OSError:  # the client hung up: its deadline passed
-                pass
-
-        def log_message(self, *args):
+    def answer(handler, body):
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100000")
+        handler.end_headers()
+        try:
+            for _ in range(100):
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                time.sleep(1)
+        except OSError:  # the client hung up: its deadline passed
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(answer) as url:
+        yield url
 
 
 def test_request_timeout_is_a_deadline_for_the_whole_answer(trickling_server):
@@ -159,22 +169,8 @@ def foreign_vocab_server():
     """A completion whose token ids belong to another (bigger) tokenizer."""
     payload = json.dumps({"choices": [{"text": "x", "finish_reason": "stop", "token_ids": [5, 10**6],
                                        "logprobs": {"token_logprobs": [-0.5, -0.1]}}]}).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(lambda handler, body: reply(handler, 200, payload)) as url:
+        yield url
 
 
 def test_cli_rollout_refuses_ids_the_tokenizer_does_not_have(foreign_vocab_server, tmp_path, kit, tokenizer):

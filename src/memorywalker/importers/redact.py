@@ -145,8 +145,8 @@ class Redactor:
         self.counts: dict[str, int] = {}  # kind -> placeholders issued
         self.users: dict[str, int] = {}  # user name -> its number (<HOME_n>, <USER_n>)
         self.searched: set[str] = set()  # values replaced wherever they occur
-        self._local = getpass.getuser() if local_user else None
-        self._local_home = str(Path.home()) if local_user else None
+        # The account running the import: its name and home are secrets wherever they appear.
+        self._local, self._local_home = _local_account() if local_user else (None, None)
         self._search: re.Pattern | None = None
         self._applied: dict[str, tuple[int, str]] = {}  # string -> (secrets known then, its redaction)
 
@@ -320,6 +320,13 @@ class Redactor:
         data = traj.to_json_dict()
         self.scan(data)
         return Trajectory.model_validate(self.apply(data))
+
+
+def _local_account() -> tuple[str | None, str | None]:
+    try:
+        return getpass.getuser(), str(Path.home())
+    except (OSError, KeyError, RuntimeError):  # no login name, no passwd entry (some containers)
+        return None, None
 
 
 def _strings(value: Any) -> Iterable[str]:

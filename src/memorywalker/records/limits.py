@@ -14,8 +14,8 @@ Both are configurable per reader (``RecordLimits(...)``) and for every command t
 environment: ``MEMORYWALKER_MAX_RECORD_BYTES`` (default 32 MiB) and ``MEMORYWALKER_MAX_RECORD_DEPTH``
 (default 100).
 
->>> nesting_depth({"a": [1, {"b": []}]}, limit=100)
-3
+>>> nesting_depth({"a": [1, {"b": []}]}, limit=100)  # object, array, object, array
+4
 >>> loads(b"[" * 5000 + b"]" * 5000, RecordLimits())
 Traceback (most recent call last):
 ...

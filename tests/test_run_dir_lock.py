@@ -66,16 +66,16 @@ def test_a_second_sft_on_a_running_run_dir_is_refused_in_one_line(tmp_path, kit,
     config.json named one of them; two --resume at once duplicated steps. The first run is stopped
     (SIGSTOP) while it holds the lock, so the second surely runs while the first is alive: a fresh
     start and a resume are both refused with one line naming pid and host. The first then finishes:
-    every step once. A run killed (SIGKILL) while holding the lock leaves a stale lock file that the
+    every step once. A process killed (SIGKILL) while holding the lock leaves a stale lock file that the
     next --resume takes over, saying whose it was; it completes the run, every step still once."""
     run = tmp_path / "run"
-    first = start(kit, data, run, "steps=6")
+    first = start(kit, data, run, "steps=4")
     owner = wait_for_lock(run, first)
     assert owner["host"] == socket.gethostname() and owner["command"] == "memorywalker sft"
     os.kill(first.pid, signal.SIGSTOP)
     try:
         for extra in ([], ["--resume"]):
-            res = runner.invoke(app, sft_args(kit, data, run, "steps=6", *extra))
+            res = runner.invoke(app, sft_args(kit, data, run, "steps=4", *extra))
             lines = [ln for ln in res.output.splitlines() if ln.strip()]
             assert res.exit_code == 2 and len(lines) == 1, res.output
             assert lines[0].startswith(f"memorywalker sft: error: run_dir {run} is in use by pid {first.pid} on host "
@@ -85,18 +85,17 @@ def test_a_second_sft_on_a_running_run_dir_is_refused_in_one_line(tmp_path, kit,
         os.kill(first.pid, signal.SIGCONT)
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 0, out
-    assert metric_steps(run) == list(range(6))
-    assert json.loads((run / "config.json").read_text())["steps"] == 6
+    assert metric_steps(run) == list(range(4))
+    assert json.loads((run / "config.json").read_text())["steps"] == 4
     assert (run / LOCK_NAME).read_text() == ""  # released: no owner left to take over from
 
-    killed = start(kit, data, run, "steps=10", "--resume")
-    wait_for_lock(run, killed)
-    killed.kill()
-    killed.wait()
-    res = runner.invoke(app, sft_args(kit, data, run, "steps=10", "--resume"))
+    holder = hold(run)  # a process that takes the lock and is killed with it (SIGKILL: no release)
+    holder.kill()
+    holder.wait()
+    res = runner.invoke(app, sft_args(kit, data, run, "steps=6", "--resume"))
     assert res.exit_code == 0, res.output
-    assert f"taking over the lock left by pid {killed.pid} on host {socket.gethostname()}" in res.output
-    assert metric_steps(run) == list(range(10))
+    assert f"taking over the lock left by pid {holder.pid} on host {socket.gethostname()}" in res.output
+    assert metric_steps(run) == list(range(6))
 
 
 def test_the_lock_within_one_process_and_a_stale_owner(tmp_path, capsys):
@@ -117,13 +116,19 @@ def test_the_lock_within_one_process_and_a_stale_owner(tmp_path, capsys):
                                               "gone.example (memorywalker rl, since 2025-01-01T00:00:00+0000)")
 
 
+def hold(run: Path) -> subprocess.Popen:
+    """A plain process (no model) that takes ``run``'s lock and keeps it until it is killed."""
+    code = ("import time; from memorywalker.train.rundir import RunDirLock; "
+            f"RunDirLock.acquire({str(run)!r}, 'holder'); print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_lock_held_by_another_live_process_names_it(tmp_path):
     """The same refusal from a plain process that holds the lock (no model involved)."""
-    code = ("import sys, time; from memorywalker.train.rundir import RunDirLock; "
-            f"RunDirLock.acquire({str(tmp_path / 'run')!r}, 'holder'); print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    holder = hold(tmp_path / "run")
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirInUse, match=rf"is in use by pid {holder.pid} on host .* \(holder, since "):
             RunDirLock.acquire(tmp_path / "run")
     finally:

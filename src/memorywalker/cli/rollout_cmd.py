@@ -41,7 +41,8 @@ def rollout_cmd(
     dtype: str = typer.Option("float32", "--dtype", help="hf: the sampler's parameter dtype: float32 | bfloat16"),
     model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
     request_timeout: float = typer.Option(120.0, "--request-timeout", min=0.001,
-                                          help="openai: seconds to wait for one answer before retrying"),
+                                          help="openai: seconds one request may take in all (connecting, headers, the whole "
+                                               "body) before it is retried"),
     retries: int = typer.Option(3, "--retries", min=0,
                                 help="openai: retries of a refused connection, timeout or 5xx (backoff 1, 2, 4 s...)"),
     override_config: bool = typer.Option(False, "--override-config",

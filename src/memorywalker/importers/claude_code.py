@@ -175,6 +175,7 @@ def import_session(path: Path) -> ImportResult:
     main = per_file.get(path, [])
     for recs in per_file.values():
         _resolve_compactions(recs, index, result)
+    _reject_orphan_results(per_file, index, result)
     for f, recs in per_file.items():
         for rec in recs:
             p = rec.parent
@@ -274,6 +275,28 @@ def _read_file(f: Path, index: _Index, result: ImportResult, order: int) -> tupl
                 index.by_uuid[obj["uuid"]] = _Rec(obj, f, line, order)
                 order += 1
     return recs, order
+
+
+def _reject_orphan_results(per_file: dict[Path, list[_Rec]], index: _Index, result: ImportResult) -> None:
+    """Tool results whose ``tool_use_id`` matches no tool_use of the input never reach a context: a
+    record of nothing else is rejected (``orphan_tool_result``, not imported); a record with more in
+    it is kept with that warning."""
+    issued = {b.get("id") for recs in index.groups.values() for rec in recs for b in _blocks(rec.obj)
+              if b.get("type") in ("tool_use", "server_tool_use")}
+    for f, recs in per_file.items():
+        for rec in recs:
+            if rec.obj.get("type") != "user" or not isinstance(rec.obj["message"].get("content"), list):
+                continue
+            blocks = _blocks(rec.obj)
+            orphans = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"
+                       and b.get("tool_use_id") not in issued]
+            if not orphans:
+                continue
+            whole = len(orphans) == len(blocks)
+            result.imported -= whole
+            result.reject(f, rec.line, "orphan_tool_result", f"line {rec.line}: tool result for "
+                          f"{', '.join(map(repr, orphans))}, which no tool_use in the input issued; left out",
+                          kept=not whole)
 
 
 def _resolve_compactions(recs: list[_Rec], index: _Index, result: ImportResult) -> None:

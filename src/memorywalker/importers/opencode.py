@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from memorywalker.importers.base import ImportOptions, ImportResult, read_json
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.base import ImportOptions, ImportResult, loads_deep_limited, read_json
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "opencode"
 CLEARED = "[Old tool result content cleared]"
@@ -97,18 +97,18 @@ def _read_db(con: sqlite3.Connection, path: Path, result: ImportResult) -> None:
     for sid, sdata in sessions:
         if isinstance(sdata, str) or sdata is None:
             try:
-                sdata = json.loads(sdata or "{}")
-            except json.JSONDecodeError as e:
+                sdata = loads_deep_limited(sdata or "{}")
+            except (json.JSONDecodeError, RecordError) as e:
                 result.read += 1
                 result.reject(path, None, "bad_json", f"session {sid}: {e}")
                 continue
         msgs: list[Any] = []
         for mid, mdata in con.execute(f"select id, data from message where session_id = ? order by {order}", (sid,)):
             try:
-                info = {"id": mid, "sessionID": sid, **json.loads(mdata)}
-                parts = [{"id": pid, "messageID": mid, "sessionID": sid, **json.loads(d)} for pid, d in con.execute(
-                    "select id, data from part where message_id = ? order by id", (mid,))]
-            except (json.JSONDecodeError, TypeError) as e:
+                info = {"id": mid, "sessionID": sid, **loads_deep_limited(mdata)}
+                parts = [{"id": pid, "messageID": mid, "sessionID": sid, **loads_deep_limited(d)} for pid, d in
+                         con.execute("select id, data from part where message_id = ? order by id", (mid,))]
+            except (json.JSONDecodeError, TypeError, RecordError) as e:
                 msgs.append(f"message {mid}: data is not a JSON object ({e})")
                 continue
             msgs.append({"info": info, "parts": parts})

@@ -21,8 +21,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memorywalker.importers.base import ImportOptions, ImportResult, parse_arguments, read_json, read_jsonl
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    loads_deep_limited,
+    parse_arguments,
+    read_json,
+    read_jsonl,
+)
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "openhands"
 _SKIP_ACTIONS = {"change_agent_state", "condensation_request", "recall", "null", "system"}
@@ -67,10 +74,10 @@ def import_session_dir(folder: Path, result: ImportResult) -> None:
     events: dict[int, Any] = {}
     for f in (folder / "events").glob("*.json"):
         try:
-            e = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            e = loads_deep_limited(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as err:
             result.read += 1  # one event per file: a bad file is one rejected record
-            result.reject(f, 0, "bad_json", f"{f.name}: {err}")
+            result.reject(f, 0, err.code if isinstance(err, RecordError) else "bad_json", f"{f.name}: {err}")
             continue
         if f.stem.isdigit():
             events[int(f.stem)] = e

@@ -113,6 +113,7 @@ def test_trl_pairwise_loss_matches_the_dpo_recipe(kit, tmp_path):
     DPO recipe's first-step loss (its reference sums are the initial policy's too) within 1e-6."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from memorywalker.engine.synthetic import synthetic_group
     from memorywalker.integrations.trl import (
         ExactSFTTrainer,
         PairCollator,
@@ -121,8 +122,6 @@ def test_trl_pairwise_loss_matches_the_dpo_recipe(kit, tmp_path):
         pairs_dataset,
     )
     from memorywalker.recipes.dpo import DPOConfig, train
-
-    from memorywalker.engine.synthetic import synthetic_group
 
     group = synthetic_group(SyntheticSpec(turns=3, evictions=1, words=5, seed=1), "g", 4)
     data = tmp_path / "pairs-data.jsonl"

@@ -37,7 +37,15 @@ from pathlib import Path
 
 import torch
 
-from memorywalker.engine import Batch, Denominators, EngineConfig, LossOutput, get_method, loss, step_denominators
+from memorywalker.engine import (
+    Batch,
+    Denominators,
+    EngineConfig,
+    LossOutput,
+    get_method,
+    loss,
+    step_denominators,
+)
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer

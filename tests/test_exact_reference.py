@@ -109,8 +109,8 @@ def test_the_reference_is_not_vacuous(arch_setup):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 def test_radix_on_cuda_equals_plain_per_call(kit, renderer, dtype, tol):
-    """The radix schedule on CUDA (its masked-SDPA attention path), fp32 and bf16, whole and chunked,
-    against plain per-call forwards of the same model in the same dtype."""
+    """The radix schedule on CUDA (the memory-efficient kernel's log-sum-exp merge, attention/prefix.py),
+    fp32 and bf16, whole and chunked, against plain per-call forwards of the same model in the same dtype."""
     model = load_model(kit[1]).to("cuda", dtype)
     groups = list(cases(renderer).values())[0]
     model.zero_grad(set_to_none=True)

@@ -130,3 +130,36 @@ def test_radix_builds_no_dense_mask(kit, renderer, monkeypatch):
     assert torch.isfinite(res.logprobs).all()
     with pytest.raises(AssertionError, match="dense mask built"):
         run(model, batch, EngineConfig(method="tree-mask", attention="sdpa"))
+
+
+def test_siblings_batched_equal_siblings_one_by_one(kit, renderer, monkeypatch):
+    """A GRPO forest (6 rollouts after one prompt): its children share their ancestors and run as one
+    padded batch (sibling_groups); the same run with every segment alone gives the same logprobs and
+    gradients (1e-6), and the batched path was taken."""
+    from engine_cases import grads, max_rel_grad_diff
+
+    from memorywalker.attention import prefix
+    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group
+    from memorywalker.layout import Batch
+
+    model = load_model(kit[1])
+    group = synthetic_group(SyntheticSpec(turns=3, evictions=1, words=5, seed=9), "g", 6)
+    batch = Batch.from_groups([[renderer.render(t) for t in group]])
+    batched = []
+    real = prefix.sibling_groups
+
+    def counting(segments):
+        out = real(segments)
+        batched.extend(len(g) for g in out if len(g) > 1)
+        return out
+
+    results = []
+    for grouping in (counting, lambda segments: [[i] for i in range(len(segments))]):
+        monkeypatch.setattr(prefix, "sibling_groups", grouping)
+        model.zero_grad(set_to_none=True)
+        with one_thread():
+            res = run(model, batch, EngineConfig(method="radix"))
+        results.append((res.logprobs, grads(model)))
+    assert batched and max(batched) >= 3
+    assert (results[0][0] - results[1][0]).abs().max().item() <= 1e-6
+    assert max_rel_grad_diff(results[0][1], results[1][1]) <= 1e-6

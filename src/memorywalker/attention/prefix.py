@@ -213,14 +213,51 @@ def prefix_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise ValueError("attention dropout is not supported by the radix schedule (set attention_dropout=0)")
     layer = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    outs = []
-    for seg in ctx.segments:
-        cols = slice(seg.start, seg.start + seg.length)
-        ancestors = [ctx.blocks[i][layer] for i in seg.ancestors]
-        outs.append(attend(query[:, :, cols], key[:, :, cols], value[:, :, cols], ancestors, scale))
+    outs: list[torch.Tensor | None] = [None] * len(ctx.segments)
+    for group in sibling_groups(ctx.segments):
+        segs = [ctx.segments[i] for i in group]
+        ancestors = [ctx.blocks[i][layer] for i in segs[0].ancestors]
+        if len(segs) == 1:
+            cols = slice(segs[0].start, segs[0].start + segs[0].length)
+            outs[group[0]] = attend(query[:, :, cols], key[:, :, cols], value[:, :, cols], ancestors, scale)
+            continue
+        # Siblings (the same ancestors): one batched call, each right-padded to the longest. Under the causal
+        # self block a real query never sees the padding after it; the padded queries' rows are dropped.
+        width = max(s.length for s in segs)
+        q, k, v = (_padded_batch(t, segs, width) for t in (query, key, value))
+        out = attend(q, k, v, ancestors, scale)  # [n, H, width, d]
+        for j, (i, s) in enumerate(zip(group, segs, strict=True)):
+            outs[i] = out[j:j + 1, :, :s.length]
     ctx.new[layer] = (key, value)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, L, d]
     return out.transpose(1, 2), None
+
+
+def sibling_groups(segments: list[Segment]) -> list[list[int]]:
+    """Segments of a row grouped by their ancestor list, in order of first appearance. Siblings run as
+    one batch when padding them to the longest wastes at most half the work; others one by one.
+
+    >>> segs = [Segment(0, 4, [0]), Segment(4, 3, [0]), Segment(7, 9, [1]), Segment(16, 1, [0])]
+    >>> sibling_groups(segs)   # [0] holds lengths 4, 3, 1: 8 of 12 padded tokens used; [1] alone
+    [[0, 1, 3], [2]]
+    """
+    by_ancestors: dict[tuple[int, ...], list[int]] = {}
+    for i, seg in enumerate(segments):
+        by_ancestors.setdefault(tuple(seg.ancestors), []).append(i)
+    groups: list[list[int]] = []
+    for idx in by_ancestors.values():
+        lengths = [segments[i].length for i in idx]
+        if len(idx) > 1 and 2 * sum(lengths) >= len(idx) * max(lengths):
+            groups.append(idx)
+        else:
+            groups += [[i] for i in idx]
+    return groups
+
+
+def _padded_batch(x: torch.Tensor, segs: list[Segment], width: int) -> torch.Tensor:
+    """[1, h, L, d] row -> [len(segs), h, width, d]: each segment's columns, zero-padded at the end."""
+    return torch.cat([torch.nn.functional.pad(x[:, :, s.start:s.start + s.length], (0, 0, 0, width - s.length))
+                      for s in segs], dim=0)
 
 
 def register() -> str:

@@ -137,7 +137,6 @@ def test_siblings_batched_equal_siblings_one_by_one(kit, renderer, monkeypatch):
     padded batch (sibling_groups); the same run with every segment alone gives the same logprobs and
     gradients (1e-6), and the batched path was taken."""
     from engine_cases import grads, max_rel_grad_diff
-
     from memorywalker.attention import prefix
     from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group
     from memorywalker.layout import Batch

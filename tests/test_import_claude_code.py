@@ -12,7 +12,7 @@ import pytest
 
 from memorywalker.importers import run_import
 from memorywalker.importers.claude_code import CLEARED
-from memorywalker.importers.claude_code_attachments import reminder
+from memorywalker.importers.claude_code.attachments import reminder
 from memorywalker.records import check_trajectory
 from memorywalker.render import Renderer
 from memorywalker.tree import ConditioningTree

@@ -44,10 +44,14 @@ class ImportReject:
     reason: str
     message: str
     kept: bool = False  # the record itself was still used (e.g. missing_parent: its context is cut)
+    detail: str | None = None  # what the record carried (unknown types), abridged: see ``carried``
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message,
-                "kept": self.kept}
+        out = {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message,
+               "kept": self.kept}
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass
@@ -64,9 +68,10 @@ class ImportResult:
         """Records rejected (file- and trajectory-level rejects and kept records do not count)."""
         return sum(1 for r in self.rejects if r.line is not None and not r.kept)
 
-    def reject(self, source: str | Path, line: int | None, reason: str, message: str, kept: bool = False) -> None:
+    def reject(self, source: str | Path, line: int | None, reason: str, message: str, kept: bool = False,
+               detail: str | None = None) -> None:
         assert reason.split(":")[0] in IMPORT_REASONS, reason
-        self.rejects.append(ImportReject(str(source), line, reason, message, kept))
+        self.rejects.append(ImportReject(str(source), line, reason, message, kept, detail))
 
     def add(self, other: ImportResult) -> None:
         self.trajectories += other.trajectories
@@ -156,6 +161,16 @@ def read_json(path: Path, result: ImportResult) -> Any:
         reason = "truncated_line" if e.pos >= len(text.rstrip()) - 1 else "bad_json"
         result.reject(path, None, reason, f"{path.name}: {e}")
         return None
+
+
+def carried(obj: Any, limit: int = 600) -> str:
+    """What an unknown record carried, as compact JSON cut to ``limit`` characters (``--debug`` shows it).
+
+    >>> carried({"type": "x", "text": "a" * 10}, limit=24)
+    '{"type":"x","text":"aaaa… (32 chars)'
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 def content_text(content: Any) -> str:

@@ -8,6 +8,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from memorywalker.importers import run_import
 from memorywalker.importers.codex import OPAQUE_COMPACTION
 from memorywalker.importers.opencode import CLEARED, COMPACTION_TEXT
@@ -176,5 +178,85 @@ def test_codex_world_state_and_server_side_compaction(tmp_path, tokenizer):
     (ev,) = traj.evictions
     assert (ev.before_call, ev.removed, ev.inserted) == (c2.id, [c0.response, c1.context[3], c1.response], [opaque])
     assert res.skipped["world_state"] == 1 and res.rejects == []
+    assert _segments(tokenizer, traj) == 2
+    _counts_add_up(res)
+
+
+# --- openhands: parallel tool calls, a reused tool-call id, offsets that count silent events -------
+
+def _openhands_parallel_and_reused() -> list[dict]:
+    """One response R1 with two tool calls (toolu_51, toolu_52) executed one at a time (CodeActAgent
+    pops its pending_actions: action, observation, action, observation); a later response R2 that
+    reuses the id toolu_51; a condensation forgetting events 4-7 with its summary at offset 3 (an
+    offset into the events of state.history, where the recall pair counts though it makes no message)."""
+    def resp(rid, calls, prompt, completion):
+        return {"id": rid, "model": "claude-x", "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+                "choices": [{"message": {"role": "assistant", "content": f"{rid} text", "tool_calls": [
+                    {"id": c, "type": "function", "function": {"name": "execute_bash", "arguments": json.dumps({"command": c})}}
+                    for c in calls]}}]}
+
+    def act(eid, r, call):
+        return {"id": eid, "source": "agent", "action": "run", "args": {"command": call},
+                "tool_call_metadata": {"function_name": "execute_bash", "tool_call_id": call, "model_response": r}}
+
+    def obs(eid, call, text):
+        return {"id": eid, "source": "agent", "observation": "run", "content": text,
+                "tool_call_metadata": {"function_name": "execute_bash", "tool_call_id": call}}
+
+    r1, r2, r3 = (resp("R1", ["toolu_51", "toolu_52"], 2000, 100), resp("R2", ["toolu_51"], 2600, 50),
+                  resp("R3", ["toolu_53"], 1500, 20))
+    return [
+        {"id": 0, "source": "agent", "action": "system", "args": {"content": "You are OpenHands agent.", "tools": []}},
+        {"id": 1, "source": "user", "action": "message", "args": {"content": "fix the tests"}},
+        {"id": 2, "source": "user", "action": "recall", "args": {"query": "fix the tests"}},
+        {"id": 3, "source": "environment", "observation": "recall", "content": "", "extras": {}},
+        act(4, r1, "toolu_51"), obs(5, "toolu_51", "a.py b.py"), act(6, r1, "toolu_52"), obs(7, "toolu_52", "1 failed"),
+        act(8, r2, "toolu_51"), obs(9, "toolu_51", "edited"),
+        {"id": 10, "source": "agent", "action": "condensation",
+         "args": {"forgotten_events_start_id": 4, "forgotten_events_end_id": 7, "summary": "listed, ran tests",
+                  "summary_offset": 3}},
+        act(11, r3, "toolu_53"), obs(12, "toolu_53", "passed"),
+        {"id": 13, "source": "agent", "action": "message", "args": {"content": "done"}},
+    ]
+
+
+@pytest.mark.parametrize("form", ["session_folder", "event_list"])
+def test_openhands_parallel_calls_and_a_reused_id(tmp_path, tokenizer, form):
+    """Contexts by hand, as ConversationMemory.process_events builds them (openhands/memory/
+    conversation_memory.py [156d068] lines 106-154: a tool-calling response is held in
+    pending_tool_call_action_messages until every tool call has a result, then emitted with its results
+    in tool-call order) over View.from_events (openhands/memory/view.py: forgotten events and the
+    condensation itself dropped, the summary inserted at summary_offset of the kept events):
+
+    call-0 (R1) [e0 e1] · call-1 (R2) [e0 e1 e4 e5 e7] · call-2 (R3) [e0 e1 e10-summary e8 e9]
+    (kept events 0 1 2 ⟨summary⟩ 3 8 9; the recall pair makes no message) · call-3 (text) [.. e11 e12].
+    R1's second action (event 6) is the same model call. R2's toolu_51 is renamed toolu_51#2 and e9
+    answers it. One summarize eviction before call-2 removing e4 e5 e7, inserting the summary; 2
+    segments. Billed: 2600 ≥ 2000 + 100 - 64 → call-1 verified; call-2 a junction, call-3 no usage."""
+    events = _openhands_parallel_and_reused()
+    if form == "session_folder":
+        path = tmp_path / "sessions" / "s1"
+        (path / "events").mkdir(parents=True)
+        for e in events:
+            (path / "events" / f"{e['id']}.json").write_text(json.dumps(e))
+    else:
+        path = tmp_path / "s1.json"
+        path.write_text(json.dumps(events))
+    res = run_import("openhands", [path])
+    (traj,) = res.trajectories
+    assert [c.context for c in traj.calls] == [
+        ["e0", "e1"], ["e0", "e1", "e4", "e5", "e7"], ["e0", "e1", "e10-summary", "e8", "e9"],
+        ["e0", "e1", "e10-summary", "e8", "e9", "e11", "e12"]]
+    assert [c.response for c in traj.calls] == ["e4", "e8", "e11", "e13"]
+    table = traj.message_table()
+    assert [tc.id for tc in table["e4"].tool_calls] == ["toolu_51", "toolu_52"]
+    assert [tc.id for tc in table["e8"].tool_calls] == ["toolu_51#2"] and table["e9"].tool_call_id == "toolu_51#2"
+    assert (table["e0"].role, table["e0"].content) == ("system", "You are OpenHands agent.")
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.inserted) == ("summarize", "call-2", ["e4", "e5", "e7"],
+                                                                  ["e10-summary"])
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "unchecked", "unchecked"]
+    assert res.notes["tool_call_ids_renamed"] == 1 and res.rejects == []
+    assert res.read == 14 and dict(res.skipped) == {"action:recall": 1, "observation:recall": 1}
     assert _segments(tokenizer, traj) == 2
     _counts_add_up(res)

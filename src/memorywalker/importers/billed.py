@@ -116,6 +116,9 @@ def check_billed(builder: TrajectoryBuilder, result: Any = None, hint: Hint | No
         call.meta["context_check"] = status
         if result is not None:
             result.notes[f"context_check:{status}"] += 1
+    if first_drop is not None:  # keep evictions in call order
+        order = {c.id: i for i, c in enumerate(calls)}
+        builder.evictions.sort(key=lambda ev: order.get(ev.before_call, len(order)))
 
 
 def _check(calls: list[Call], i: int, parent: int | None) -> tuple[str, dict | None]:

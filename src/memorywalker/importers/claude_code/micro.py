@@ -102,7 +102,7 @@ def drop_hint(t: ChainTrajectory):
     """The billed-token hint: a drop between two calls that a micro-compaction without ids lies between
     is that micro-compaction (``prune``, its trigger and token counts); anything else is ``other``."""
     def hint(prev: Call, call: Call) -> dict[str, Any]:
-        seen = set(t.micro_above.get(prev.id, ()))
+        seen = {mb.uuid for mb in t.micro_above.get(prev.id, ())}
         new = [mb for mb in t.micro_above.get(call.id, ()) if mb.uuid not in seen]
         if not new:
             return {}

@@ -23,7 +23,8 @@ class ChainTrajectory:
     def __init__(self, traj_id: str, source: Path, index: Index, result: ImportResult, lineage: Lineage):
         self.b = TrajectoryBuilder(traj_id, task=Task(id=traj_id), lineage=lineage)
         self.source, self.index, self.result = source, index, result
-        self.msg_ids: dict[str, list[str]] = {}  # record uuid / group key -> message ids
+        self.msg_ids: dict[str, list] = {}  # record uuid -> (message id, tool call id) pairs
+        self.resp_ids: dict[str, list[str]] = {}  # response group key -> [its assistant message id]
         self.call_of_tool_use: dict[str, str] = {}
         self.boundary_of_call: dict[str, str | None] = {}
         self.pending_summaries: list[tuple[str, Rec]] = []  # (timestamp, response record)
@@ -37,8 +38,8 @@ class ChainTrajectory:
     # --- messages ---------------------------------------------------------------------------------
 
     def _assistant(self, key: str) -> list[str]:
-        if key in self.msg_ids:
-            return self.msg_ids[key]
+        if key in self.resp_ids:
+            return self.resp_ids[key]
         recs = self.index.groups[key]
         texts, thinking, tool_calls = [], [], []
         for rec in recs:
@@ -65,8 +66,8 @@ class ChainTrajectory:
         mid = self.b.message("assistant", "\n\n".join(texts), id=recs[0].uuid or key,
                              reasoning="\n\n".join(thinking) or None, tool_calls=tool_calls,
                              author="model", meta={k: v for k, v in meta.items() if v is not None})
-        self.msg_ids[key] = [mid]
-        return self.msg_ids[key]
+        self.resp_ids[key] = [mid]
+        return self.resp_ids[key]
 
     def _user(self, rec: Rec) -> list[tuple[str, str | None]]:
         """(message id, tool_use_id or None) of a user record's messages."""
@@ -122,6 +123,8 @@ class ChainTrajectory:
         call_id = f"attachment-{rec.uuid}"
         for k, m in enumerate(sent):
             meta = {"attachment": att.get("type"), "uuid": rec.uuid, "timestamp": rec.obj.get("timestamp")}
+            if att.get("type") in attachments.INFERRED_TEXT:
+                meta["inferred_text"] = attachments.INFERRED_TEXT[att["type"]]
             if artifact:
                 meta["compaction_artifact"] = True
             fields: dict[str, Any] = {}

@@ -230,3 +230,50 @@ def test_microcompaction_without_ids_and_no_drop_changes_nothing(tmp_path):
     (traj,) = run_import("claude-code", [_write(tmp_path, rows)]).trajectories
     assert traj.evictions == [] and all(c.selected for c in traj.calls)
     assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified"]
+
+
+# --- codex token_count ------------------------------------------------------------------------------
+
+def _tc(inp, out, total, reasoning=0):
+    last = {"input_tokens": inp, "cached_input_tokens": inp // 2, "output_tokens": out,
+            "reasoning_output_tokens": reasoning, "total_tokens": inp + out}
+    return {"type": "event_msg", "payload": {"type": "token_count", "info": {
+        "total_token_usage": {"total_tokens": total}, "last_token_usage": last, "model_context_window": 272000}}}
+
+
+def test_codex_token_counts(tmp_path):
+    """Codex sends token_count when a sampling request completes (rollout/policy.rs persists it): each
+    new one is the billed count of the call before it; a repeat (same total_token_usage) is ignored;
+    one before a ``compacted`` record is the compaction's own request (unattributed).
+    call-0 5,000 · call-1 5,100 ≥ 5,000 + 50 - 64 → verified · call-2 4,000 < 5,100 + 20 - 64 with no
+    compaction → an inferred eviction, unselected · call-3 after the compaction: no prefix parent, but
+    Codex keeps the real user messages across a compaction, so its context still holds "fix the bug"
+    and "more", which were there when the unknown removal happened → unverified too."""
+    def item(p):
+        return {"type": "response_item", "payload": p}
+
+    def msg(role, text):
+        return item({"type": "message", "role": role, "content": [
+            {"type": "output_text" if role == "assistant" else "input_text", "text": text}]})
+
+    rows = [{"type": "session_meta", "payload": {"id": "s-tc", "cli_version": "0.80.0"}},
+            {"type": "turn_context", "payload": {"model": "gpt-5"}},
+            msg("user", "fix the bug"),
+            item({"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"}), _tc(5000, 50, 5050),
+            item({"type": "function_call_output", "call_id": "c1", "output": "main.py"}),
+            msg("assistant", "Found main.py"), _tc(5100, 20, 10170), _tc(5100, 20, 10170),
+            msg("user", "more"), msg("assistant", "ok"), _tc(4000, 10, 14180),
+            _tc(3000, 200, 17380), {"type": "compacted", "payload": {"message": "summary of it"}},
+            msg("user", "go on"), msg("assistant", "done"), _tc(900, 5, 18285)]
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_import("codex", [path])
+    (traj,) = res.trajectories
+    assert [c.meta.get("billed_tokens", {}).get("prompt") for c in traj.calls] == [5000, 5100, 4000, 900]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "unverified", "unverified"]
+    assert [c.selected for c in traj.calls] == [True, True, False, False]
+    inferred = [e for e in traj.evictions if e.meta.get("inferred")]
+    assert [(e.kind, e.before_call) for e in inferred] == [("other", "call-2")]
+    assert [e.kind for e in traj.evictions] == ["other", "summarize"]
+    assert res.notes["token_counts_unattributed"] == 1
+    assert res.read == len(rows) == res.imported + sum(res.skipped.values()) + res.rejected

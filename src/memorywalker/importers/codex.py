@@ -19,7 +19,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from memorywalker.importers.base import ImportOptions, ImportResult, content_text, parse_arguments, read_jsonl
+from memorywalker.importers import billed
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    carried,
+    content_text,
+    parse_arguments,
+    read_jsonl,
+)
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "codex"
@@ -55,6 +63,9 @@ class _Replay:
         self.pending: tuple | None = None
         self.initial: list[str] = []  # initial-context message ids
         self.issued: set[str] = set()
+        self.awaiting: str | None = None  # the call whose token_count has not come yet
+        self.last_total: object = None  # total_token_usage of the latest token_count (repeats carry the same)
+        self.model: str | None = None
 
     def message(self, item: dict, author: str | None = None) -> str | None:
         kind, key = item.get("type"), _key(item)
@@ -116,6 +127,7 @@ class _Replay:
         self.issued.update(c["id"] for c in calls)
         if self.history:
             cid = self.b.call(list(self.history), mid, finish_reason="tool_calls" if calls else "stop")
+            self.awaiting = cid
             if self.pending:
                 removed, inserted, meta = self.pending
                 self.b.eviction(cid, "summarize", removed, inserted, trigger=meta.pop("trigger", None), meta=meta)
@@ -136,8 +148,32 @@ class _Replay:
             if not self.b.calls and self.b.messages[-1].author == "system":
                 self.initial.append(mid)  # instructions / environment context before the first call
 
+    def token_count(self, payload: dict) -> None:
+        """``event_msg`` / ``token_count``: Codex sends one when a sampling request completes (its
+        ``info.last_token_usage``), and repeats the latest one on other occasions (same
+        ``total_token_usage``). A new one ends the current run of output items and is that call's billed
+        count; one no call awaits belongs to a request that is not a call here (a compaction's)."""
+        info = payload.get("info")
+        if not isinstance(info, dict) or info.get("total_token_usage") == self.last_total:
+            return
+        self.last_total = info.get("total_token_usage")
+        self.flush()
+        last = info.get("last_token_usage") if isinstance(info.get("last_token_usage"), dict) else {}
+        if self.awaiting is None:
+            self.result.notes["token_counts_unattributed"] += 1
+            return
+        call = next(c for c in reversed(self.b.calls) if c.id == self.awaiting)
+        out, reasoning = last.get("output_tokens"), last.get("reasoning_output_tokens")
+        visible = out - reasoning if isinstance(out, int) and isinstance(reasoning, int) else out
+        # input_tokens includes the cached part (cached_input_tokens is a subset of it).
+        b = billed.billed(last.get("input_tokens"), visible, self.model)
+        if b:
+            call.meta["billed_tokens"] = b
+        self.awaiting = None
+
     def compacted(self, payload: dict) -> None:
         self.flush()
+        self.awaiting = None
         before = list(self.history)
         if isinstance(payload.get("replacement_history"), list):
             new = []
@@ -204,12 +240,17 @@ def import_file(path: Path, result: ImportResult) -> None:
         elif kind in ("event_msg", "turn_context", "world_state"):
             # Not replayed into the model history on resume (only response_item and compacted are).
             result.skipped[kind] += 1
+            if kind == "event_msg" and payload.get("type") == "token_count":
+                replay.token_count(payload)
+            elif kind == "turn_context" and isinstance(payload.get("model"), str):
+                replay.model = payload["model"]
         else:
-            result.reject(path, line, "unknown_record_type", f"line {line}: record type {kind!r}")
+            result.reject(path, line, "unknown_record_type", f"line {line}: record type {kind!r}", detail=carried(obj))
     if b is None:
         result.reject(path, None, "no_calls", f"{path.name}: no records")
         return
     replay.flush()
+    billed.check_billed(b, result)
     result.finish(b, path)
 
 

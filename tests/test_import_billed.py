@@ -277,3 +277,21 @@ def test_codex_token_counts(tmp_path):
     assert [e.kind for e in traj.evictions] == ["other", "summarize"]
     assert res.notes["token_counts_unattributed"] == 1
     assert res.read == len(rows) == res.imported + sum(res.skipped.values()) + res.rejected
+
+
+def test_cli_import_prints_and_inspect_shows_the_checks(harness_logs, tmp_path, kit):
+    """`import` prints verified / unverified / unchecked per file; `inspect` totals them from the
+    written records (trajs_basic 1/0/1 + trajs_basic_gui_mode 3/0/2 = 4/0/3)."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    out = tmp_path / "oh.jsonl"
+    res = CliRunner().invoke(app, ["import", "openhands", str(harness_logs / "openhands"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): [x.strip() for x in line.split("│")[2:5]]
+            for line in res.output.splitlines() if line.count("│") == 5 and ".json" in line}
+    assert rows == {"trajs_basic.json": ["1", "0", "1"], "trajs_basic_gui_mode.json": ["3", "0", "2"]}
+    res = CliRunner().invoke(app, ["inspect", str(out), "--tokenizer", str(kit[0]), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["context_check"] == {"verified": 4, "unverified": 0, "unchecked": 3}

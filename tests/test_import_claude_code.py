@@ -287,3 +287,25 @@ def test_companion_intro_and_auto_mode_attachments_are_sent(tmp_path):
     assert json.loads(rej.detail) == {"type": "brand_new_kind", "payload": {"k": 1}}
     assert res.read == 5 and res.imported == 4
     _counts_add_up(res)
+
+
+def test_cli_debug_shows_what_unknown_records_carried(tmp_path):
+    """`memorywalker --debug import` prints each unknown record's reject with what it carried; without
+    --debug only the counts; the rejects file holds the detail either way."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    rows = [user("u1", None, "go"), _base("z1", "u1", "hologram", payload={"beam": 7}), asst("a1", "z1", "m1", "ok")]
+    path = _write(tmp_path, rows)
+    out = tmp_path / "o.jsonl"
+    plain = CliRunner().invoke(app, ["import", "claude-code", str(path), "-o", str(out)])
+    debug = CliRunner().invoke(app, ["--debug", "import", "claude-code", str(path), "-o", str(out)])
+    assert plain.exit_code == debug.exit_code == 0, debug.output
+    assert "carried:" not in plain.output and "rejects: unknown_record_type" in plain.output
+    assert "carried:" in debug.output and '"beam":7' in debug.output
+    (rej,) = [json.loads(x) for x in (tmp_path / "o.rejects.jsonl").read_text().splitlines()]
+    assert rej["reason"] == "unknown_record_type" and json.loads(rej["detail"])["payload"] == {"beam": 7}
+    # the unknown record is still a chain link: a1's context reaches u1 through it
+    (traj,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert traj["calls"][0]["context"] == ["u1"]

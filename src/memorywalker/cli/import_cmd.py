@@ -89,7 +89,7 @@ def import_logs(
     if ctx.meta.get("memorywalker.debug"):  # what unknown records carried
         for r in result.rejects:
             if r.detail is not None:
-                console.print(f"{r.source}:{r.line} {r.reason}: {r.message}\n  carried: {r.detail}", markup=False)
+                typer.echo(f"{r.source}:{r.line} {r.reason}: {r.message}\n  carried: {r.detail}")
     typer.echo(f"wrote {c['trajectories']} trajectories to {output}; {len(result.rejects)} rejects to {rejects_path}")
     if strict and (c["rejected"] or c["dropped_by_reason"]):
         raise ValueError(f"{inputs}: --strict and {c['rejected']} records rejected"

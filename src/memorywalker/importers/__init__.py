@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from memorywalker.importers import claude_code, codex, openai_chat, opencode, openhands, qwen_agent, swe_agent
+from memorywalker.importers import (
+    claude_code,
+    codex,
+    openai_chat,
+    opencode,
+    openhands,
+    pi,
+    qwen_agent,
+    swe_agent,
+)
 from memorywalker.importers.base import IMPORT_REASONS, ImportOptions, ImportReject, ImportResult
 from memorywalker.importers.redact import Redactor
 
@@ -22,6 +31,7 @@ IMPORTERS: dict[str, Importer] = {
     "openai-chat": openai_chat.import_paths,
     "opencode": opencode.import_paths,
     "openhands": openhands.import_paths,
+    "pi": pi.import_paths,
     "qwen-agent": qwen_agent.import_paths,
     "swe-agent": swe_agent.import_paths,
 }

@@ -52,14 +52,19 @@ CHECKS = (VERIFIED, UNVERIFIED, UNCHECKED)
 Hint = Callable[[Call, Call], dict[str, Any]]
 
 
-def billed(prompt: Any, response: Any = 0, model: str | None = None) -> dict[str, Any] | None:
-    """The ``meta.billed_tokens`` record of one call, or None when the log has no usable count."""
+def billed(prompt: Any, response: Any = 0, model: str | None = None, cache_read: Any = None) -> dict[str, Any] | None:
+    """The ``meta.billed_tokens`` record of one call, or None when the log has no usable count.
+    ``cache_read`` (the prompt's cached prefix, where the log has it) is evidence only: a drop with a
+    cache miss means the prefix changed - an early message, or the system prompt or tools, which no
+    log here records."""
     if not isinstance(prompt, int | float) or isinstance(prompt, bool) or not math.isfinite(prompt) or prompt <= 0:
         return None
     r = response if isinstance(response, int | float) and not isinstance(response, bool) and math.isfinite(response) else 0
     out: dict[str, Any] = {"prompt": int(prompt), "response": max(0, int(r))}
     if model:
         out["model"] = model
+    if isinstance(cache_read, int) and not isinstance(cache_read, bool) and cache_read >= 0:
+        out["cache_read"] = cache_read
     return out
 
 
@@ -133,9 +138,12 @@ def _check(calls: list[Call], i: int, parent: int | None) -> tuple[str, dict | N
     tol = tolerance(before["prompt"])
     if now["prompt"] >= before["prompt"] + before["response"] - tol:
         return VERIFIED, None
-    return UNVERIFIED, {"previous_call": prev.id, "billed_prompt_before": before["prompt"],
-                        "billed_prompt_after": now["prompt"], "response_tokens_before": before["response"],
-                        "expected_at_least": before["prompt"] + before["response"], "tolerance": tol}
+    evidence = {"previous_call": prev.id, "billed_prompt_before": before["prompt"],
+                "billed_prompt_after": now["prompt"], "response_tokens_before": before["response"],
+                "expected_at_least": before["prompt"] + before["response"], "tolerance": tol}
+    if "cache_read" in now:
+        evidence["cache_read_after"] = now["cache_read"]
+    return UNVERIFIED, evidence
 
 
 def _unselect(call: Call, reason: str) -> None:

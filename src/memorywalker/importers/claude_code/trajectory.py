@@ -320,7 +320,7 @@ class ChainTrajectory:
         prompt = sum(p for p in parts if isinstance(p, int) and not isinstance(p, bool))
         out = [(r.obj["message"].get("usage") or {}).get("output_tokens") for r in recs]
         response = 0 if msg.reasoning else max((o for o in out if isinstance(o, int) and not isinstance(o, bool)), default=0)
-        return billed.billed(prompt, response, msg.meta.get("model"))
+        return billed.billed(prompt, response, msg.meta.get("model"), usage.get("cache_read_input_tokens"))
 
     def finish(self):
         billed.check_billed(self.b, self.result, micro.drop_hint(self))

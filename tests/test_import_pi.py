@@ -9,7 +9,13 @@ import json
 from pathlib import Path
 
 from memorywalker.importers import run_import
-from memorywalker.importers.pi import BRANCH_PREFIX, BRANCH_SUFFIX, COMPACTION_PREFIX, COMPACTION_SUFFIX, NO_RESULT
+from memorywalker.importers.pi import (
+    BRANCH_PREFIX,
+    BRANCH_SUFFIX,
+    COMPACTION_PREFIX,
+    COMPACTION_SUFFIX,
+    NO_RESULT,
+)
 from memorywalker.records import check_trajectory
 from memorywalker.render import Renderer
 from memorywalker.tree import ConditioningTree

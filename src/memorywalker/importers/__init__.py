@@ -12,6 +12,7 @@ from pathlib import Path
 
 from memorywalker.importers import (
     claude_code,
+    cline,
     codex,
     openai_chat,
     opencode,
@@ -27,6 +28,7 @@ Importer = Callable[[list[Path], ImportOptions], ImportResult]
 
 IMPORTERS: dict[str, Importer] = {
     "claude-code": claude_code.import_paths,
+    "cline": cline.import_paths,
     "codex": codex.import_paths,
     "openai-chat": openai_chat.import_paths,
     "opencode": opencode.import_paths,

@@ -121,3 +121,101 @@ def test_cline_without_ui_messages_marks_ranges_unknown(tmp_path):
     assert all(c.meta["deleted_range"] == "unknown" for c in traj.calls)
     assert res.notes["deleted_ranges_unknown"] == 4
     _counts_add_up(res)
+
+
+# --- roo code ---------------------------------------------------------------------------------------
+
+def _roo_task(tmp: Path, name: str, history: list[dict], ui: list[dict] | None) -> Path:
+    task = tmp / "tasks" / name
+    task.mkdir(parents=True)
+    (task / "api_conversation_history.json").write_text(json.dumps(history))
+    if ui is not None:
+        (task / "ui_messages.json").write_text(json.dumps(ui))
+    return task
+
+
+def _req(ts, tokens_in, tokens_out=20):
+    return {"ts": ts, "type": "say", "say": "api_req_started",
+            "text": json.dumps({"apiProtocol": "anthropic", "tokensIn": tokens_in, "tokensOut": tokens_out,
+                                "cacheWrites": 0, "cacheReads": tokens_in - 10, "cost": 0})}
+
+
+def test_roo_code_non_destructive_condense(tmp_path, tokenizer):
+    """Messages 0-6 tagged condenseParent C1 and the summary 7 appended (summarizeConversation): the
+    responses before it were sampled without it - call-0 [0] · call-1 [0 1 2] · call-2 [0 1 2 3 4] -
+    and from then on the request starts at the summary (getEffectiveApiHistory: fresh start):
+    call-3 [7] · call-4 [7 8 9]. One summarize eviction before call-3 (removed 0-5, inserted the
+    summary, a harness artifact). Billed (tokensIn is the total input): 1100 ≥ 1000 + 20 - 64,
+    1200 ≥ 1100 + 20 - 64, 400 ≥ 300 + 20 - 64: verified; call-0 and the junction call-3 unchecked."""
+    c = {"condenseParent": "C1"}
+    history = [
+        {"role": "user", "content": [_t("<task>fix a.py</task>")], "ts": 1, **c},
+        {"role": "assistant", "content": [_t("reading"), _use("r1")], "ts": 10, **c},
+        {"role": "user", "content": [_res("r1", "x = 1")], "ts": 11, **c},
+        {"role": "assistant", "content": [_t("editing"), _use("r2", "apply_diff")], "ts": 20, **c},
+        {"role": "user", "content": [_res("r2", "ok")], "ts": 21, **c},
+        {"role": "assistant", "content": [_t("done")], "ts": 30, **c},
+        {"role": "user", "content": [_t("and the tests")], "ts": 31, **c},
+        {"role": "user", "content": [_t("## Conversation Summary\nFixed a.py; tests next.")], "ts": 32,
+         "isSummary": True, "condenseId": "C1"},
+        {"role": "assistant", "content": [_t("continuing"), _use("r3", "execute_command")], "ts": 40},
+        {"role": "user", "content": [_res("r3", "2 passed")], "ts": 41},
+        {"role": "assistant", "content": [_t("all green")], "ts": 50},
+    ]
+    ui = [_req(5, 1000), _req(15, 1100), _req(25, 1200),
+          {"ts": 33, "type": "say", "say": "condense_context", "contextCondense": {"condenseId": "C1", "cost": 0,
+                                                                                  "prevContextTokens": 1300,
+                                                                                  "newContextTokens": 280}},
+          _req(35, 300), _req(45, 400)]
+    res = run_import("roo-code", [_roo_task(tmp_path, "t-condense", history, ui)])
+    (traj,) = res.trajectories
+    assert [c.context for c in traj.calls] == [["0"], ["0", "1", "2"], ["0", "1", "2", "3", "4"], ["7"], ["7", "8", "9"]]
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.inserted) == ("summarize", "call-3", ["0", "1", "2", "3", "4", "5"],
+                                                                  ["7"])
+    assert traj.message_table()["7"].is_artifact
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified", "unchecked", "verified"]
+    assert _segments(tokenizer, traj) == 2
+    assert res.read == 12 and res.rejects == []
+    _counts_add_up(res)
+
+
+def _roo_truncated() -> list[dict]:
+    """truncateConversation(fraction 0.5) before the request after u6: of the 7 visible messages,
+    floor(6 · 0.5) = 3 → 2 (even) are hidden - indices 1 and 2, tagged truncationParent T1 - and the
+    marker goes before the first kept message (a3), ts = a3.ts - 1."""
+    t = {"truncationParent": "T1"}
+    return [{"role": "user", "content": [_t("task")], "ts": 1},
+            {"role": "assistant", "content": [_t("a1")], "ts": 10, **t},
+            {"role": "user", "content": [_t("u2")], "ts": 11, **t},
+            {"role": "user", "content": "[Sliding window truncation: 2 messages hidden to reduce context]", "ts": 19,
+             "isTruncationMarker": True, "truncationId": "T1"},
+            {"role": "assistant", "content": [_t("a3")], "ts": 20},
+            {"role": "user", "content": [_t("u4")], "ts": 21},
+            {"role": "assistant", "content": [_t("a5")], "ts": 30},
+            {"role": "user", "content": [_t("u6")], "ts": 31},
+            {"role": "assistant", "content": [_t("a7")], "ts": 40},
+            {"role": "user", "content": [_t("u8")], "ts": 41},
+            {"role": "assistant", "content": [_t("a9")], "ts": 50}]
+
+
+def test_roo_code_sliding_window_truncation(tmp_path, tokenizer):
+    """The marker sits mid-history but existed only from its ui event (ts 35): a3 and a5, kept but
+    sampled before it, saw [0 1 2] and [0 1 2 4 5] (no marker); a7 and a9 see [0 3 4 5 6 7] and
+    [.. 8 9] (1 and 2 hidden, the marker in their place). One truncate eviction before a7 (removed 1 2,
+    inserted the marker); 2 segments. Without ui_messages.json the marker counts for every later
+    response (marked ``truncation_time: inferred``)."""
+    ui = [{"ts": 35, "type": "say", "say": "sliding_window_truncation",
+           "contextTruncation": {"truncationId": "T1", "messagesRemoved": 2, "prevContextTokens": 900,
+                                 "newContextTokens": 500}}]
+    res = run_import("roo-code", [_roo_task(tmp_path, "t-trunc", _roo_truncated(), ui)])
+    (traj,) = res.trajectories
+    assert [c.context for c in traj.calls] == [
+        ["0"], ["0", "1", "2"], ["0", "1", "2", "4", "5"], ["0", "3", "4", "5", "6", "7"], ["0", "3", "4", "5", "6", "7", "8", "9"]]
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.inserted) == ("truncate", "call-3", ["1", "2"], ["3"])
+    assert _segments(tokenizer, traj) == 2
+    _counts_add_up(res)
+    blind = run_import("roo-code", [_roo_task(tmp_path / "b", "t-trunc", _roo_truncated(), None)])
+    (traj,) = blind.trajectories
+    assert traj.calls[1].context == ["0", "3"] and traj.calls[1].meta["truncation_time"] == "inferred"

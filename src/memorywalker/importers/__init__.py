@@ -19,6 +19,7 @@ from memorywalker.importers import (
     openhands,
     pi,
     qwen_agent,
+    roo_code,
     swe_agent,
 )
 from memorywalker.importers.base import IMPORT_REASONS, ImportOptions, ImportReject, ImportResult
@@ -35,6 +36,7 @@ IMPORTERS: dict[str, Importer] = {
     "openhands": openhands.import_paths,
     "pi": pi.import_paths,
     "qwen-agent": qwen_agent.import_paths,
+    "roo-code": roo_code.import_paths,
     "swe-agent": swe_agent.import_paths,
 }
 

@@ -80,8 +80,11 @@ class HistoryTable:
                 p["tool_calls"] = [{**tc, "id": f"{tc['id']}@{len(known) + 1}"} for tc in p.get("tool_calls", [])]
                 self.origin.update({tc["id"]: tc["id"].rsplit("@", 1)[0] for tc in p["tool_calls"]})
             author = "model" if msg.get("role") == "assistant" else "user"
+            if msg.get("isSummary") or msg.get("isTruncationMarker"):  # Roo Code's compression artifacts
+                author = "harness"
+                meta = {**meta, "is_summary": True} if msg.get("isSummary") else {**meta, "is_truncation_marker": True}
             known[key] = [self.b.message(p.pop("role"), p.pop("content"), id=base if len(parts) == 1 else f"{base}#{k}",
-                                         author="environment" if "tool_call_id" in p else author,
+                                         author="environment" if "tool_call_id" in p and author != "harness" else author,
                                          meta={"history_index": index, **meta}, **p)
                           for k, p in enumerate(parts)]
         return known[key]

@@ -79,7 +79,6 @@ def import_file(path: Path, result: ImportResult) -> None:
             _import_history(path, data, result)
             return
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-            result.read += 1
             result.reject(path, None, "bad_format", f"{path.name}: not a Gemini CLI session or saved chat")
             return
         records = [{k: v for k, v in data.items() if k != "messages"}, *data["messages"]]
@@ -227,7 +226,6 @@ def _import_history(path: Path, data: Any, result: ImportResult) -> None:
     """A saved chat: Content[] (``history``, ``clientHistory`` or the bare list)."""
     contents = data if isinstance(data, list) else data.get("history") or data.get("clientHistory")
     if not isinstance(contents, list):
-        result.read += 1
         result.reject(path, None, "bad_format", f"{path.name}: its history is not a list of contents")
         return
     b = TrajectoryBuilder(path.stem, task=Task(id=path.stem), lineage=Lineage(source=FORMAT, source_path=str(path)))

@@ -59,7 +59,6 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
             if data is None:
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-                result.read += 1
                 result.reject(path, None, "bad_format", f"{path.name}: not an `opencode export` document")
                 continue
             import_session(data.get("info") or {"id": path.stem}, data["messages"], path, result)

@@ -77,7 +77,9 @@ def read_entries(path: Path, result: ImportResult) -> tuple[dict, list[tuple[int
             result.skipped["session_header"] += 1
             continue
         entries.append((line, obj))
-    if (header.get("version") or 1) < 2:
+    version = header.get("version")
+    version = int(version) if isinstance(version, str) and version.isdigit() else version  # a text column of rows
+    if not isinstance(version, int) or isinstance(version, bool) or version < 2:  # v1: no version field
         prev = None
         for line, e in entries:
             e["id"], e["parentId"] = f"L{line}", prev

@@ -42,8 +42,10 @@ HISTORY = "api_conversation_history.json"
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
     for path in paths:
-        folders = [path] if (path / HISTORY).is_file() else sorted(p.parent for p in path.rglob(HISTORY)) \
-            if path.is_dir() else [path.parent]
+        if path.is_file():  # the history file itself (its folder holds the other files)
+            import_task(path.parent, result, path)
+            continue
+        folders = [path] if (path / HISTORY).is_file() else sorted(p.parent for p in path.rglob(HISTORY))
         for folder in folders:
             import_task(folder, result)
     return result
@@ -108,13 +110,13 @@ def _prompt(info: dict, old_style: bool) -> Any:
     return nums[0] + nums[1] + nums[2] if old_style else info.get("tokensIn")
 
 
-def import_task(folder: Path, result: ImportResult) -> None:
-    history = read_json(folder / HISTORY, result)
+def import_task(folder: Path, result: ImportResult, history_file: Path | None = None) -> None:
+    history_file = history_file or folder / HISTORY
+    history = read_json(history_file, result)
     if history is None:
         return
     if not isinstance(history, list):
-        result.read += 1
-        result.reject(folder / HISTORY, None, "bad_format", f"{HISTORY}: not a list of messages")
+        result.reject(history_file, None, "bad_format", f"{history_file.name}: not a list of messages")
         return
     ui = _ui(folder, result)
     truncated_at, requests = ui if ui else ({}, [])
@@ -128,7 +130,7 @@ def import_task(folder: Path, result: ImportResult) -> None:
     for i, msg in enumerate(history):
         result.read += 1
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-            result.reject(folder / HISTORY, i, "bad_format" if isinstance(msg, dict) else "not_an_object",
+            result.reject(history_file, i, "bad_format" if isinstance(msg, dict) else "not_an_object",
                           f"message #{i} is not a user/assistant message", detail=carried(msg))
             continue
         result.imported += 1

@@ -69,7 +69,6 @@ def import_file(path: Path, result: ImportResult) -> None:
         return
     steps = data.get("trajectory") if isinstance(data, dict) else None
     if not isinstance(steps, list):
-        result.read += 1
         result.reject(path, None, "bad_format", f"{path.name}: no 'trajectory' list")
         return
     if steps and isinstance(data.get("history"), list) and all(

@@ -23,6 +23,8 @@ from memorywalker.importers import billed
 from memorywalker.importers.base import (
     ImportOptions,
     ImportResult,
+    as_list,
+    as_text,
     carried,
     content_text,
     parse_arguments,
@@ -47,7 +49,8 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
 
 
 def _is_output(item: dict) -> bool:
-    return item.get("type") in _OUTPUT or (item.get("type") == "message" and item.get("role") == "assistant")
+    return isinstance(item, dict) and (item.get("type") in _OUTPUT or (item.get("type") == "message"
+                                                                     and item.get("role") == "assistant"))
 
 
 def _key(item: dict) -> str:
@@ -107,17 +110,19 @@ class _Replay:
             if kind == "message":
                 texts.append(content_text(it.get("content")))
             elif kind == "reasoning":
-                reasoning += [s.get("text", "") for s in it.get("summary") or []]
-                reasoning += [c.get("text", "") for c in it.get("content") or [] if isinstance(c, dict)]
+                reasoning += [as_text(s.get("text")) for s in as_list(it.get("summary")) if isinstance(s, dict)]
+                reasoning += [as_text(c.get("text")) for c in as_list(it.get("content")) if isinstance(c, dict)]
                 self.result.notes["reasoning_items"] += 1
             elif kind == "function_call":
-                calls.append({"id": it.get("call_id"), "name": it.get("name", ""),
+                calls.append({"id": as_text(it.get("call_id")), "name": as_text(it.get("name")),
                               "arguments": parse_arguments(it.get("arguments"))})
             elif kind == "custom_tool_call":
-                calls.append({"id": it.get("call_id"), "name": it.get("name", ""), "arguments": it.get("input", "")})
+                calls.append({"id": as_text(it.get("call_id")), "name": as_text(it.get("name")),
+                              "arguments": parse_arguments(it.get("input", ""))})
             elif kind == "local_shell_call":
-                calls.append({"id": it.get("call_id") or it.get("id"), "name": "local_shell",
-                              "arguments": it.get("action") or {}})
+                action = it.get("action")
+                calls.append({"id": as_text(it.get("call_id") or it.get("id")), "name": "local_shell",
+                              "arguments": action if isinstance(action, dict) else {}})
             else:
                 self.result.notes[f"output_item:{kind}"] += 1
         mid = self.b.message("assistant", "\n\n".join(texts), reasoning="\n\n".join(r for r in reasoning if r) or None,
@@ -138,6 +143,9 @@ class _Replay:
         self.run = []
 
     def item(self, item: dict) -> None:
+        if not isinstance(item, dict):
+            self.result.notes["items_not_objects"] += 1
+            return
         if _is_output(item):
             self.run.append(item)
             return
@@ -178,6 +186,9 @@ class _Replay:
         if isinstance(payload.get("replacement_history"), list):
             new = []
             for it in payload["replacement_history"]:
+                if not isinstance(it, dict):
+                    self.result.notes["items_not_objects"] += 1
+                    continue
                 if _is_output(it):
                     key = _key(it)
                     mid = self.by_key.get(key)

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, read_jsonl
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    as_list,
+    carried,
+    read_json,
+    read_jsonl,
+    wrong_key_field,
+)
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "gemini-cli"
@@ -114,6 +122,10 @@ class _Recording:
             if not isinstance(r, dict):
                 self.result.reject(self.path, k, "not_an_object", f"record #{k} is not an object", detail=carried(r))
                 continue
+            if not counted and wrong_key_field(r) is not None:
+                self.result.reject(self.path, k, "wrong_type", f"record #{k}: {wrong_key_field(r)} is not text",
+                                   detail=carried(r))
+                continue
             if isinstance(r.get("$rewindTo"), str):
                 self.result.imported += 1
                 self.rewind(r["$rewindTo"], order)
@@ -169,15 +181,15 @@ class _Recording:
             return
         calls = [{"id": str(tc.get("id")), "name": str(tc.get("name", "")),
                   "arguments": tc.get("args") if isinstance(tc.get("args"), dict) else {}}
-                 for tc in r.get("toolCalls") or [] if isinstance(tc, dict)]
-        thoughts = [f"{t.get('subject', '')}: {t.get('description', '')}".strip(": ") for t in r.get("thoughts") or []
+                 for tc in as_list(r.get("toolCalls")) if isinstance(tc, dict)]
+        thoughts = [f"{t.get('subject', '')}: {t.get('description', '')}".strip(": ") for t in as_list(r.get("thoughts"))
                     if isinstance(t, dict)]
         mid = b.message("assistant", _text(parts), id=rid, tool_calls=calls, reasoning="\n\n".join(thoughts) or None,
                         author="model", meta={"record": rid, "model": r.get("model")})
         self.call(mid, r, calls)
         self.history.append(mid)
         self.pending = list(calls)
-        for tc in r.get("toolCalls") or []:  # older recordings: results kept on the call, no user message
+        for tc in as_list(r.get("toolCalls")):  # older recordings: results kept on the call, no user message
             if isinstance(tc, dict) and tc.get("result") is not None:
                 res = tc["result"]
                 fr = next((p["functionResponse"] for p in _parts(res) if isinstance(p.get("functionResponse"), dict)), None)
@@ -234,7 +246,7 @@ def _import_history(path: Path, data: Any, result: ImportResult) -> None:
     compressed = False
     for k, c in enumerate(contents):
         result.read += 1
-        if not isinstance(c, dict) or c.get("role") not in ("user", "model"):
+        if not isinstance(c, dict) or wrong_key_field(c) is not None or c.get("role") not in ("user", "model"):
             result.reject(path, k, "bad_format" if isinstance(c, dict) else "not_an_object",
                           f"content #{k} is not {{role: user|model, parts}}", detail=carried(c))
             continue

@@ -53,9 +53,10 @@ def detect(records: Iterable[dict]) -> str | None:
     first = records[0]
     if first.get("type") == "session" and ("cwd" in first or "version" in first) and "harness" not in first:
         return "pi"
-    if any(r.get("type") in _CODEX and isinstance(r.get("payload"), dict) for r in records):
+    kinds = [(r.get("type") if isinstance(r.get("type"), str) else None, r) for r in records]
+    if any(k in _CODEX and isinstance(r.get("payload"), dict) for k, r in kinds):
         return "codex"
-    if any(r.get("type") in _CLAUDE and ("uuid" in r or "sessionId" in r) for r in records):
+    if any(k in _CLAUDE and ("uuid" in r or "sessionId" in r) for k, r in kinds):
         return "claude-code"
     return None
 

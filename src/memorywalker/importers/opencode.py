@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json
+from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "opencode"
@@ -137,6 +137,7 @@ class _Session:
     """The history of one session as ``toModelMessages(filterCompacted(...))`` sends it to each call."""
 
     def __init__(self, info: dict, source: Path, result: ImportResult):
+        info = info if isinstance(info, dict) else {}
         tid = str(info.get("id") or source.stem)
         self.b = TrajectoryBuilder(tid, task=Task(id=tid), lineage=Lineage(
             source=FORMAT, source_path=str(source), parent=info.get("parentID"),
@@ -302,6 +303,10 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
             result.reject(source, k, "bad_format" if isinstance(entry, dict) else "not_an_object",
                           f"message #{k} is not {{info: {{id, role: user|assistant}}, parts: [...]}}",
                           detail=carried(entry))
+            continue
+        bad = wrong_key_field(entry)
+        if bad is not None:
+            result.reject(source, k, "wrong_type", f"message #{k}: {bad} is not text", detail=carried(entry))
             continue
         parts = _dicts(parts)
         if not parts:  # toModelMessages: `if (msg.parts.length === 0) continue`

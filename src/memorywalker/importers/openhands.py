@@ -25,10 +25,14 @@ from memorywalker.importers import billed
 from memorywalker.importers.base import (
     ImportOptions,
     ImportResult,
+    as_list,
+    as_text,
     carried,
+    opt_str,
     parse_arguments,
     read_json,
     read_jsonl,
+    wrong_key_field,
 )
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
@@ -106,8 +110,16 @@ def import_session_dir(folder: Path, result: ImportResult) -> None:
 
 
 def _response_of(event: dict) -> dict | None:
-    resp = (event.get("tool_call_metadata") or {}).get("model_response")
-    return resp if isinstance(resp, dict) else None
+    """The recorded model response of an action (None without one, or with no string id to group by)."""
+    meta = event.get("tool_call_metadata")
+    resp = meta.get("model_response") if isinstance(meta, dict) else None
+    return resp if isinstance(resp, dict) and isinstance(resp.get("id"), str) else None
+
+
+def _choice(resp: dict | None) -> dict:
+    choices = as_list((resp or {}).get("choices"))
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    return message if isinstance(message, dict) else {}
 
 
 class _Replay:
@@ -195,6 +207,10 @@ def import_events(events: list[Any], path: Path, result: ImportResult, counted: 
             result.reject(path, k, "not_an_object" if not isinstance(e, dict) else "missing_field",
                           f"event #{k} is not an event with an integer id", detail=carried(e))
             continue
+        bad = wrong_key_field(e)
+        if bad is not None:
+            result.reject(path, k, "wrong_type", f"event #{k}: {bad} is not text", detail=carried(e))
+            continue
         eid, action, obs = e["id"], e.get("action"), e.get("observation")
         if action is None and obs is None:
             result.reject(path, k, "unknown_record_type", f"event {eid} is neither an action nor an observation",
@@ -232,7 +248,7 @@ def _condense(replay: _Replay, e: dict, pending):
     leave the view and inserts the summary."""
     args = e.get("args") if isinstance(e.get("args"), dict) else {}
     before = replay.context()
-    forgotten = {i for i in args.get("forgotten_event_ids") or [] if isinstance(i, int)}
+    forgotten = {i for i in as_list(args.get("forgotten_event_ids")) if isinstance(i, int)}
     lo, hi = args.get("forgotten_events_start_id"), args.get("forgotten_events_end_id")
     if isinstance(lo, int) and isinstance(hi, int):
         forgotten |= set(range(lo, hi + 1))
@@ -256,10 +272,11 @@ def _call(replay: _Replay, e: dict, resp: dict | None, path: Path, k: int, pendi
     """One model response: its assistant message (with all its tool calls) and the call whose context is
     the view before it."""
     b, eid = replay.b, e["id"]
-    choice = (((resp or {}).get("choices") or [{}])[0] or {}).get("message") or {}
-    raw = [{"id": str(tc.get("id")), "name": str((tc.get("function") or {}).get("name", "")),
-            "arguments": parse_arguments((tc.get("function") or {}).get("arguments"))}
-           for tc in choice.get("tool_calls") or [] if isinstance(tc, dict)]
+    choice = _choice(resp)
+    fns = [(tc, tc.get("function") if isinstance(tc.get("function"), dict) else {})
+           for tc in as_list(choice.get("tool_calls")) if isinstance(tc, dict)]
+    raw = [{"id": str(tc.get("id")), "name": as_text(fn.get("name")), "arguments": parse_arguments(fn.get("arguments"))}
+           for tc, fn in fns]
     tool_calls = replay.tool_call_ids(raw)
     args = e.get("args") if isinstance(e.get("args"), dict) else {}
     text = choice.get("content") if resp else args.get("content", e.get("message", ""))
@@ -309,6 +326,7 @@ def _message(replay: _Replay, e: dict) -> str | None:
     b, eid, action = replay.b, e["id"], e.get("action")
     args = e.get("args") if isinstance(e.get("args"), dict) else {}
     meta = e.get("tool_call_metadata") if isinstance(e.get("tool_call_metadata"), dict) else {}
+    name = opt_str(meta.get("function_name"))
     if action == "system":
         mid = b.message("system", str(args.get("content", "")), id=f"e{eid}", author="system")
     elif action == "message":
@@ -319,8 +337,8 @@ def _message(replay: _Replay, e: dict) -> str | None:
         return None  # in the view (it counts for summary offsets) but makes no message here
     elif meta.get("tool_call_id") in replay.current:
         tcid = replay.current[meta["tool_call_id"]]
-        mid = b.message("tool", str(e.get("content", "")), id=f"e{eid}", tool_call_id=tcid,
-                        name=meta.get("function_name"), author="environment")
+        mid = b.message("tool", as_text(e.get("content")), id=f"e{eid}", tool_call_id=tcid, name=name,
+                        author="environment")
         replay.results[eid] = (tcid, mid)
         return mid
     else:

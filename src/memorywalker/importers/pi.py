@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, content_text, read_jsonl
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    as_list,
+    carried,
+    content_text,
+    read_jsonl,
+)
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "pi"
@@ -166,7 +173,7 @@ class _Session:
         usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else {}
         prompt = sum(v for v in (usage.get("input"), usage.get("cacheRead"), usage.get("cacheWrite"))
                      if isinstance(v, int | float) and not isinstance(v, bool))
-        reasoned = any(isinstance(c, dict) and c.get("type") == "thinking" for c in msg.get("content") or [])
+        reasoned = any(isinstance(c, dict) and c.get("type") == "thinking" for c in as_list(msg.get("content")))
         model = f"{msg.get('provider')}/{msg.get('model')}"
         meta = {"entry_id": entry["id"], "billed_tokens": None if fields else billed.billed(
             prompt, 0 if reasoned else usage.get("output"), model, usage.get("cacheRead"))}
@@ -244,7 +251,8 @@ class _Session:
         if e["id"] in self.pos:
             return e["id"]
         texts, thinking, calls = [], [], []
-        for c in e["message"].get("content") or []:
+        content = e["message"].get("content")
+        for c in content if isinstance(content, list) else []:
             if not isinstance(c, dict):
                 continue
             if c.get("type") == "text":

@@ -32,7 +32,7 @@ from typing import Any
 
 from memorywalker.importers import billed
 from memorywalker.importers.anthropic_history import HistoryTable
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json
+from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "roo-code"
@@ -129,7 +129,7 @@ def import_task(folder: Path, result: ImportResult, history_file: Path | None = 
     last_ts = None
     for i, msg in enumerate(history):
         result.read += 1
-        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        if not isinstance(msg, dict) or wrong_key_field(msg) is not None or msg.get("role") not in ("user", "assistant"):
             result.reject(history_file, i, "bad_format" if isinstance(msg, dict) else "not_an_object",
                           f"message #{i} is not a user/assistant message", detail=carried(msg))
             continue

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from memorywalker.importers.base import ImportOptions, ImportResult, content_text
+from memorywalker.importers.base import ImportOptions, ImportResult, as_list, content_text
 from memorywalker.importers.claude_code.records import (
     CLEARED,
     Index,
@@ -130,7 +130,8 @@ def import_session(path: Path) -> ImportResult:
                               f"line {rec.line}: parentUuid {p!r} is not in the input; the context behind it is cut",
                               kept=True)
 
-    session_id = next((r.obj.get("sessionId") for r in main if r.obj.get("sessionId")), path.stem)
+    session_id = next((r.obj["sessionId"] for r in main if isinstance(r.obj.get("sessionId"), str) and r.obj["sessionId"]),
+                      path.stem)
     main_chain = [r for r in main if not r.obj.get("isSidechain")]
     trajectory = ChainTrajectory(session_id, path, index, result, lineage=Lineage(source=FORMAT, source_path=str(path)))
     for f in sub_files:
@@ -180,7 +181,7 @@ def _spawning_calls(t: ChainTrajectory, recs: list[Rec]) -> dict[str, str]:
         tur = rec.obj.get("toolUseResult")
         if rec.obj.get("type") != "user" or not isinstance(tur, dict) or "agentId" not in tur:
             continue
-        for block in (rec.obj.get("message") or {}).get("content") or []:
+        for block in as_list((rec.obj.get("message") or {}).get("content")):
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 call = t.call_of_tool_use.get(block.get("tool_use_id"))
                 if call:
@@ -193,7 +194,7 @@ def _task_prompts(t: ChainTrajectory, recs: list[Rec]) -> dict[str, str]:
     for rec in recs:
         if rec.obj.get("type") != "assistant":
             continue
-        for block in (rec.obj.get("message") or {}).get("content") or []:
+        for block in as_list((rec.obj.get("message") or {}).get("content")):
             if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "Task":
                 prompt = str((block.get("input") or {}).get("prompt", "")).strip()
                 if prompt and block.get("id") in t.call_of_tool_use:

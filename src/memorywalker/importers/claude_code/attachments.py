@@ -23,6 +23,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from memorywalker.importers.base import as_list
+
 # normalizeAttachmentForAPI returns [] for these: they never reach the model.
 NOT_SENT = {
     "already_read_file", "command_permissions", "edited_image_file", "hook_cancelled",
@@ -77,7 +79,7 @@ def _todo(a: dict) -> list[dict]:
 
 
 def _task(a: dict) -> list[dict]:
-    items = "\n".join(f"#{t.get('id')}. [{t.get('status')}] {t.get('subject')}" for t in a.get("content") or [])
+    items = "\n".join(f"#{t.get('id')}. [{t.get('status')}] {t.get('subject')}" for t in as_list(a.get("content")))
     msg = ("The task tools haven't been used recently. If you're working on tasks that would benefit from "
            "tracking progress, consider using TaskCreate to add new tasks and TaskUpdate to update task status "
            "(set to in_progress when starting, completed when done). Also consider cleaning up the task list if "
@@ -221,4 +223,9 @@ def render(attachment: dict) -> list[dict] | None:
     if kind in NOT_SENT:
         return []
     fn = RENDERERS.get(kind)
-    return None if fn is None else fn(attachment)
+    if fn is None:
+        return None
+    try:
+        return fn(attachment)
+    except (AttributeError, TypeError, KeyError):  # fields not of the shape Claude Code writes: text unknown
+        return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memorywalker.importers.base import opt_int, opt_str, str_list
 from memorywalker.importers.claude_code.records import CLEARED, Rec
 from memorywalker.records import Call
 
@@ -47,9 +48,9 @@ def apply(t: ChainTrajectory, context: list[str], boundaries: list[Rec]) -> tupl
     [(removed message, placeholder or None)])."""
     events = []
     for mb in boundaries:
-        md = mb.obj.get("microcompactMetadata") or {}
-        tool_ids = set(md.get("compactedToolIds") or [])
-        attached = set(md.get("clearedAttachmentUUIDs") or [])
+        md = mb.obj.get("microcompactMetadata") if isinstance(mb.obj.get("microcompactMetadata"), dict) else {}
+        tool_ids = set(str_list(md.get("compactedToolIds")))
+        attached = set(str_list(md.get("clearedAttachmentUUIDs")))
         if not tool_ids and not attached:
             continue
         out, pairs = [], []
@@ -90,9 +91,9 @@ def record_evictions(t: ChainTrajectory, cid: str, cleared: list[tuple[Rec, list
         if not new:
             continue
         t.evicted.update(r for r, _ in new)
-        md = mb.obj.get("microcompactMetadata") or {}
+        md = mb.obj.get("microcompactMetadata") if isinstance(mb.obj.get("microcompactMetadata"), dict) else {}
         t.b.eviction(cid, "prune", [r for r, _ in new], [i for _, i in new if i is not None],
-                     trigger=md.get("trigger"), tokens_before=md.get("preTokens"),
+                     trigger=opt_str(md.get("trigger")), tokens_before=opt_int(md.get("preTokens")),
                      meta={"microcompact_boundary": mb.uuid, "tokens_saved": md.get("tokensSaved"),
                            "placeholder_text_inferred": True})
         t.result.notes["microcompactions"] += 1
@@ -106,9 +107,10 @@ def drop_hint(t: ChainTrajectory):
         new = [mb for mb in t.micro_above.get(call.id, ()) if mb.uuid not in seen]
         if not new:
             return {}
-        md = new[-1].obj.get("microcompactMetadata") or {}
+        md = new[-1].obj.get("microcompactMetadata") if isinstance(new[-1].obj.get("microcompactMetadata"), dict) else {}
+        md = md if isinstance(md, dict) else {}
         t.result.notes["microcompactions_inferred"] += 1
-        return {"kind": "prune", "trigger": md.get("trigger"), "tokens_before": md.get("preTokens"),
+        return {"kind": "prune", "trigger": opt_str(md.get("trigger")), "tokens_before": opt_int(md.get("preTokens")),
                 "meta": {"microcompact_boundary": new[-1].uuid, "tokens_saved": md.get("tokensSaved"),
                          "removed_unknown": "the boundary names no tool result or attachment"}}
     return hint

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memorywalker.importers.base import ImportResult, carried, read_jsonl
+from memorywalker.importers.base import ImportResult, carried, read_jsonl, str_list
 from memorywalker.importers.claude_code import attachments
 
 CONVERSATION = {"user", "assistant"}
@@ -86,6 +86,10 @@ def read_file(f: Path, index: Index, result: ImportResult, order: int) -> tuple[
     recs = []
     for line, obj in read_jsonl(f, result):
         kind = obj.get("type")
+        bad = next((k for k in ("uuid", "parentUuid", "logicalParentUuid") if not isinstance(obj.get(k), str | None)), None)
+        if bad is not None:
+            result.reject(f, line, "wrong_type", f"line {line}: {bad} is not text", detail=carried(obj))
+            continue
         if kind in CONVERSATION or kind in ("system", "attachment"):
             if kind in CONVERSATION and not isinstance(obj.get("message"), dict):
                 result.reject(f, line, "missing_field", f"line {line}: {kind} record without a message")
@@ -140,7 +144,8 @@ def resolve_compactions(recs: list[Rec], index: Index, result: ImportResult) -> 
         o = b.obj
         if o.get("type") != "system" or o.get("subtype") != "compact_boundary":
             continue
-        preserved, anchor = preserved_of(o.get("compactMetadata") or {}, index, result)
+        meta = o.get("compactMetadata")
+        preserved, anchor = preserved_of(meta if isinstance(meta, dict) else {}, index, result)
         for r in recs[k + 1:]:  # the records written with the compaction, up to the next real message
             ro = r.obj
             if r.uuid in preserved:
@@ -175,10 +180,11 @@ def resolve_compactions(recs: list[Rec], index: Index, result: ImportResult) -> 
 def preserved_of(meta: dict, index: Index, result: ImportResult) -> tuple[list[str], str | None]:
     """(preserved uuids oldest first, anchor uuid); ``preservedMessages`` wins over ``preservedSegment``."""
     listed = meta.get("preservedMessages")
-    if isinstance(listed, dict) and listed.get("uuids"):
-        uuids = [u for u in listed["uuids"] if u in index.by_uuid]
-        if len(uuids) < len(listed["uuids"]):
-            result.notes["preserved_messages_missing"] += len(listed["uuids"]) - len(uuids)
+    if isinstance(listed, dict) and str_list(listed.get("uuids")):
+        named = list(dict.fromkeys(str_list(listed["uuids"])))
+        uuids = [u for u in named if u in index.by_uuid]
+        if len(uuids) < len(named):
+            result.notes["preserved_messages_missing"] += len(named) - len(uuids)
         return uuids, listed.get("anchorUuid")
     seg = meta.get("preservedSegment")
     if not isinstance(seg, dict):

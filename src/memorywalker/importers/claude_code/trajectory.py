@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportResult, content_text
+from memorywalker.importers.base import ImportResult, as_text, content_text, opt_int, opt_str
 from memorywalker.importers.claude_code import attachments, micro
 from memorywalker.importers.claude_code.records import STOP, Index, Rec, group_key
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
@@ -46,15 +46,16 @@ class ChainTrajectory:
             for block in _blocks(rec.obj):
                 kind = block.get("type")
                 if kind == "text":
-                    texts.append(block.get("text", ""))
+                    texts.append(as_text(block.get("text")))
                 elif kind == "thinking":
-                    thinking.append(block.get("thinking", ""))
+                    thinking.append(as_text(block.get("thinking")))
                     self.result.notes["thinking_blocks"] += 1
                 elif kind == "redacted_thinking":
                     self.result.notes["redacted_thinking_blocks"] += 1
                 elif kind in ("tool_use", "server_tool_use"):
-                    tool_calls.append({"id": block.get("id"), "name": block.get("name", ""),
-                                       "arguments": block.get("input") or {}})
+                    args = block.get("input")
+                    tool_calls.append({"id": as_text(block.get("id")), "name": as_text(block.get("name")),
+                                       "arguments": args if isinstance(args, dict) else {}})
                 else:
                     self.result.notes[f"assistant_block:{kind}"] += 1
         first = recs[0].obj
@@ -77,7 +78,7 @@ class ChainTrajectory:
         content = o["message"].get("content")
         out: list[tuple[str, str | None]] = []
         texts = []
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": as_text(content)}]
         n_results = sum(1 for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result")
         for k, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -87,14 +88,14 @@ class ChainTrajectory:
                 self.result.notes["tool_results_is_error"] += is_error
                 mid = self.b.message("tool", content_text(block.get("content")),
                                      id=rec.uuid if n_results == 1 else f"{rec.uuid}#{k}",
-                                     tool_call_id=block.get("tool_use_id"), author="environment",
+                                     tool_call_id=as_text(block.get("tool_use_id")), author="environment",
                                      meta={"is_error": True} if is_error else {})
-                out.append((mid, block.get("tool_use_id")))
+                out.append((mid, as_text(block.get("tool_use_id"))))
             elif block.get("type") == "image":
                 self.result.notes["images"] += 1
                 texts.append("[image]")
             else:
-                texts.append(block.get("text", ""))
+                texts.append(as_text(block.get("text")))
         if texts and (n_results == 0 or any(t.strip() for t in texts)):
             meta: dict[str, Any] = {"timestamp": o.get("timestamp")}
             if o.get("isCompactSummary"):
@@ -288,7 +289,7 @@ class ChainTrajectory:
         if boundary is None or prev is None or self.boundary_of_call[prev.id] == boundary.uuid:
             return
         o = boundary.obj
-        meta_c = o.get("compactMetadata") or {}
+        meta_c = o.get("compactMetadata") if isinstance(o.get("compactMetadata"), dict) else {}
         logical = o.get("logicalParentUuid")
         meta: dict[str, Any] = {"boundary_uuid": boundary.uuid, "logical_parent": logical}
         if logical and logical in self.index.by_uuid:
@@ -305,7 +306,7 @@ class ChainTrajectory:
         inserted = [m for m in context if m not in was and (table[m].meta.get("compact_summary")
                                                              or table[m].meta.get("compaction_artifact"))]
         self.b.eviction(cid, "summarize", [m for m in before if m not in now], inserted,
-                        trigger=meta_c.get("trigger"), tokens_before=meta_c.get("preTokens"), meta=meta)
+                        trigger=opt_str(meta_c.get("trigger")), tokens_before=opt_int(meta_c.get("preTokens")), meta=meta)
         self.result.notes["compactions"] += 1
 
     def _billed(self, key: str, msg) -> dict | None:
@@ -331,4 +332,4 @@ def _blocks(obj: dict) -> list[dict]:
     content = (obj.get("message") or {}).get("content")
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    return [b for b in content or [] if isinstance(b, dict)]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []

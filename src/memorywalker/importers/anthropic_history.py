@@ -17,10 +17,41 @@ where a version changes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from memorywalker.importers.base import content_text
+from memorywalker.importers.base import ImportResult, content_text, read_json
 from memorywalker.records import TrajectoryBuilder
+
+HISTORY = "api_conversation_history.json"
+
+
+def task_histories(paths: list[Path]) -> Iterator[tuple[Path, Path]]:
+    """(task folder, its history file) for each input: a history file itself (its folder holds the other
+    files), a task folder, or a folder of task folders (Cline's and Roo Code's ``tasks/``)."""
+    for path in paths:
+        if path.is_file():
+            yield path.parent, path
+            continue
+        folders = [path] if (path / HISTORY).is_file() else sorted(p.parent for p in path.rglob(HISTORY))
+        yield from ((folder, folder / HISTORY) for folder in folders)
+
+
+def read_history(history_file: Path, result: ImportResult) -> list | None:
+    """The MessageParam list of a history file, or None (rejected: unreadable, bad JSON, not a list)."""
+    history = read_json(history_file, result)
+    if history is not None and not isinstance(history, list):
+        result.reject(history_file, None, "bad_format", f"{history_file.name}: not a list of messages")
+        return None
+    return history
+
+
+def import_tasks(paths: list[Path], import_task: Callable[[Path, ImportResult, Path], None]) -> ImportResult:
+    result = ImportResult()
+    for folder, history_file in task_histories(paths):
+        import_task(folder, result, history_file)
+    return result
 
 
 def blocks(content: Any) -> list[dict]:

@@ -124,6 +124,12 @@ class ImportOptions:
     count_tokens: Any = None  # qwen-agent: callable(str) -> int; default len(text.encode()) // 4
 
 
+def files_under(paths: list[Path], pattern: str = "*.jsonl") -> Iterator[Path]:
+    """Each input file, or the files matching ``pattern`` anywhere under an input folder (sorted)."""
+    for path in paths:
+        yield from sorted(path.rglob(pattern)) if path.is_dir() else [path]
+
+
 def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
     """Yield ``(line number, object)`` for every good line; reject the others (counted as read)."""
     try:

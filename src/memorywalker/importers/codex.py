@@ -27,6 +27,7 @@ from memorywalker.importers.base import (
     as_text,
     carried,
     content_text,
+    files_under,
     parse_arguments,
     read_jsonl,
 )
@@ -42,9 +43,8 @@ USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
-    for path in paths:
-        for f in sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]:
-            import_file(f, result)
+    for f in files_under(paths):
+        import_file(f, result)
     return result
 
 

@@ -36,6 +36,7 @@ from memorywalker.importers.base import (
     as_list,
     carried,
     content_text,
+    files_under,
     read_jsonl,
 )
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
@@ -53,9 +54,8 @@ _ROLES = {"user", "assistant", "toolResult", "bashExecution", "custom", "hookMes
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
-    for path in paths:
-        for f in sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]:
-            import_file(f, result)
+    for f in files_under(paths):
+        import_file(f, result)
     return result
 
 

@@ -31,24 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.anthropic_history import HistoryTable
+from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, import_tasks, read_history
 from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "roo-code"
-HISTORY = "api_conversation_history.json"
 
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    result = ImportResult()
-    for path in paths:
-        if path.is_file():  # the history file itself (its folder holds the other files)
-            import_task(path.parent, result, path)
-            continue
-        folders = [path] if (path / HISTORY).is_file() else sorted(p.parent for p in path.rglob(HISTORY))
-        for folder in folders:
-            import_task(folder, result)
-    return result
+    return import_tasks(paths, import_task)
 
 
 def _ts(x: Any) -> float | None:
@@ -112,11 +103,8 @@ def _prompt(info: dict, old_style: bool) -> Any:
 
 def import_task(folder: Path, result: ImportResult, history_file: Path | None = None) -> None:
     history_file = history_file or folder / HISTORY
-    history = read_json(history_file, result)
+    history = read_history(history_file, result)
     if history is None:
-        return
-    if not isinstance(history, list):
-        result.reject(history_file, None, "bad_format", f"{history_file.name}: not a list of messages")
         return
     ui = _ui(folder, result)
     truncated_at, requests = ui if ui else ({}, [])

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python scripts/bench_fsdp_memory.py [--model DIR] [--steps 2] [--batch-size 4]
 
 Each rank trains ``--steps`` SFT steps on synthetic episodes (3 calls, 1 eviction, radix) and samples
-its heap in use (glibc mallinfo2, every ms; memorywalker.cli.bench_cmd's probe) from before the model
+its heap in use (glibc mallinfo2, every ms; memorywalker.bench.memory) from before the model
 loads to the end of the run: ``peak`` is the largest increase. ``state`` is what the rank holds at the
 end of the last step: parameters + AdamW moments, as local tensor bytes (shards under fsdp).
 """
@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from memorywalker.cli.bench_cmd import _PeakMemory
+    from memorywalker.bench.memory import PeakMemory
     from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
     from memorywalker.recipes import sft
     from memorywalker.train import step as step_mod
@@ -48,7 +48,7 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
     sft.optimizer_step = measured_step
     data = [synthetic_trajectory(SyntheticSpec(turns=3, evictions=1, words=24, seed=i), f"ep-{i}")
             for i in range(args.batch_size)]
-    with _PeakMemory(torch.device("cpu")) as peak:
+    with PeakMemory(torch.device("cpu")) as peak:
         sft.train(sft.SFTConfig(model=args.model, tokenizer=args.tokenizer, run_dir=f"{out}/{parallel}", steps=args.steps,
                                 batch_size=args.batch_size, parallel=parallel, save_every=10**6), trajectories=data,
                   progress=False)

@@ -99,11 +99,13 @@ def test_naive_baselines_exact_without_evictions_and_wrong_with_them(arch_model,
 
 
 def test_eager_and_sdpa_backends_agree(kit, renderer):
+    """The same logprobs and gradients under either mask; the model's own implementation (sdpa) is
+    restored after a run under another one."""
     model = load_model(kit[1])
     batch = random_batch(renderer, seed=3)
     sdpa, g_sdpa = _run(model, batch, method="tree-mask", attention="sdpa", max_tokens=1400)
     eager, g_eager = _run(model, batch, method="tree-mask", attention="eager", max_tokens=1400)
-    assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"
     assert (eager.logprobs - sdpa.logprobs).abs().max().item() <= 1e-5
     assert max_rel_grad_diff(g_eager, g_sdpa) <= 1e-4
 

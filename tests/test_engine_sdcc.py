@@ -119,11 +119,14 @@ def test_sdcc_students_equal_plain_forwards_of_their_contexts(kit, renderer, max
             outs = list(forward_layout(model, get_method("sdcc").build_layout(batch, cfg),
                                        torch.from_numpy(batch.targets.label), get_method("sdcc"), max_tokens))
         lay = get_method("sdcc").build_layout(batch, cfg)
-        teacher = torch.empty(len(lay.kl_call), model.config.vocab_size)
-        student = torch.empty_like(teacher)
+        hidden = {"teacher": torch.empty(len(lay.kl_call), model.config.hidden_size)}
+        hidden["student"] = torch.empty_like(hidden["teacher"])
         for b, out in enumerate(outs):
-            if out.kl_logits is not None:  # max_tokens 48: a buffer per full view, some without a junction
-                (teacher if b < lay.teacher_buffers else student)[torch.from_numpy(out.buffer.kl_row)] = out.kl_logits
+            if out.kl_hidden is not None:  # max_tokens 48: a buffer per full view, some without a junction
+                side = "teacher" if b < lay.teacher_buffers else "student"
+                hidden[side][torch.from_numpy(out.buffer.kl_row)] = out.kl_hidden
+        with torch.no_grad():  # the distributions the engine's hidden states give, through the model's own head
+            teacher, student = (model.lm_head(hidden[k]) for k in ("teacher", "student"))
         # The reference: one plain forward per junction call; its KL rows are its targets in order.
         model.zero_grad(set_to_none=True)
         students = sorted(set(lay.kl_call.tolist()))

@@ -9,7 +9,7 @@ import torch
 
 from engine_cases import load_model, one_thread, random_batch
 from memorywalker.attention import masks
-from memorywalker.attention.prefix import attend, coalesce
+from memorywalker.attention.prefix import attend
 from memorywalker.engine import EngineConfig, run
 from memorywalker.engine.radix import Item, items_of, radix_nodes, schedule
 
@@ -90,33 +90,31 @@ def test_merged_attention_equals_one_softmax(dtype, tol):
         assert (a - b).abs().max().item() <= 10 * tol
 
 
-@pytest.mark.parametrize("n_anc", [0, 2])
-def test_the_non_cpu_attention_path_equals_one_softmax(n_anc):
-    """The path other devices take (one SDPA over concatenated keys with a [c, A + c] mask; a root
-    segment with no ancestors: is_causal), run here on CPU against the same plain softmax."""
-    from memorywalker.attention.prefix import _masked_sdpa
-
-    g = torch.Generator().manual_seed(1)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel path needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cuda_merged_attention_equals_one_softmax(dtype, tol):
+    """The CUDA kernels (memory-efficient attention, padded log-sum-exp) merged the same way: output and
+    gradients of q, k, v against a single fp64 softmax over the concatenated keys (37 queries: not a
+    multiple of the kernel's 32-query log-sum-exp padding)."""
+    g = torch.Generator().manual_seed(2)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    q, ks, vs = rnd(1, 4, 6, 8), rnd(1, 2, 6, 8), rnd(1, 2, 6, 8)
-    anc = [(rnd(1, 2, n, 8), rnd(1, 2, n, 8)) for n in (3, 11)[:n_anc]]
-    out = _masked_sdpa(q, ks, vs, anc, 0.3, n_rep=2)
-    ref = _reference_attention(q, ks, vs, anc, 0.3)
-    assert (out - ref).abs().max().item() <= 1e-12
-    leaves = [q, ks, vs] + [t for kv in anc for t in kv]
-    for a, b in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(ref.sum(), leaves), strict=True):
-        assert (a - b).abs().max().item() <= 1e-12
-
-
-def test_coalesce_concatenates_short_blocks_only():
-    """Blocks of 3, 4, 3000, 5 keys with limit 8: [3+4], [3000] in place, [5]."""
-    blocks = [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2)) for n in (3, 4, 3000, 5)]
-    out = coalesce(blocks, limit=8)
-    assert [k.shape[2] for k, _ in out] == [7, 3000, 5]
-    assert out[1][0] is blocks[2][0]  # a long block is attended where it is, not copied
+    cpu = [rnd(1, 4, 37, 64), rnd(1, 2, 37, 64), rnd(1, 2, 37, 64)] + [rnd(1, 2, n, 64) for n in (5, 5, 300, 300)]
+    dev = [t.to("cuda", dtype).requires_grad_() for t in cpu]
+    ref_in = [t.clone().requires_grad_() for t in cpu]
+    q, ks, vs, k1, v1, k2, v2 = dev
+    out = attend(q, ks, vs, [(k1, v1), (k2, v2)], 0.125)
+    rq, rks, rvs, rk1, rv1, rk2, rv2 = ref_in
+    ref = _reference_attention(rq, rks, rvs, [(rk1, rv1), (rk2, rv2)], 0.125)
+    assert (out.double().cpu() - ref).abs().max().item() <= tol
+    w = rnd(*ref.shape)
+    got = torch.autograd.grad((out.double() * w.to("cuda")).sum(), dev)
+    want = torch.autograd.grad((ref * w).sum(), ref_in)
+    for a, b in zip(got, want, strict=True):
+        assert (a.double().cpu() - b).abs().max().item() <= 10 * tol
 
 
 def test_radix_builds_no_dense_mask(kit, renderer, monkeypatch):

@@ -12,6 +12,7 @@ from memorywalker.records import (
     REASONS,
     SCHEMA_VERSION,
     RecordError,
+    RecordLimits,
     TrajectoryBuilder,
     TrajectoryReader,
     TrajectoryWriter,
@@ -24,28 +25,36 @@ BAD = sorted((DATA / "bad_records").glob("*.jsonl"))
 VALID = (DATA / "valid_record.json").read_text()
 
 
+# The corpus is read with a 16 KiB record limit: record_too_large.jsonl is 20 KB, every other file ~1 KB.
+LIMITS = RecordLimits(max_bytes=16384)
+
+
 def test_corpus_covers_every_reason_but_cross_record_ones():
-    """One file per reason code; duplicate_trajectory_id needs two records and is tested below."""
-    assert {p.stem for p in BAD} == set(REASONS) - {"duplicate_trajectory_id"}
+    """One file per reason code; duplicate_trajectory_id needs two records and is tested below;
+    too_long needs a renderer and a model's positions (tests/test_limits.py)."""
+    assert {p.stem for p in BAD} == set(REASONS) - {"duplicate_trajectory_id", "too_long"}
     assert len(REASONS) >= 20
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_each_bad_kind_is_rejected_with_its_reason(path, tmp_path):
     rejects = tmp_path / "rejects.jsonl"
-    reader = TrajectoryReader(path, rejects_path=rejects, vocab_size=1000)
+    reader = TrajectoryReader(path, rejects_path=rejects, vocab_size=1000, limits=LIMITS)
     assert list(reader) == []
     assert reader.summary.as_dict() == {"read": 1, "accepted": 0, "rejected": 1, "by_reason": {path.stem: 1}}
     (row,) = [json.loads(x) for x in rejects.read_text().splitlines()]
     assert row["reason"] == path.stem and row["line"] == 1 and row["message"]
-    assert row["raw"] == path.read_bytes().decode("utf-8", "replace").rstrip("\n")
+    raw = path.read_bytes().decode("utf-8", "replace").rstrip("\n")
+    if path.stem == "record_too_large":  # not held: its first 4 KiB, and its size
+        raw = raw[:4096] + f"... [cut: the line has {len(raw):,} bytes]"
+    assert row["raw"] == raw
 
 
 def test_valid_lines_around_bad_ones_are_all_kept(tmp_path):
-    """valid, 29 bad kinds interleaved with valid lines (distinct ids), then a truncated tail.
+    """valid, 31 bad kinds interleaved with valid lines (distinct ids), then a truncated tail.
 
-    Lines: 1 + 2·(N−1) + 1 where N−1 = 29 non-truncation kinds each followed by a valid copy; the
-    truncated record must be last. read = accepted + rejected = 30 + 30.
+    Lines: 1 + 2·(N−1) + 1 where N−1 = 31 non-truncation kinds each followed by a valid copy; the
+    truncated record must be last. read = accepted + rejected = 32 + 32.
     """
     mixed = tmp_path / "mixed.jsonl"
     lines, n_valid = [], 0
@@ -63,11 +72,11 @@ def test_valid_lines_around_bad_ones_are_all_kept(tmp_path):
             lines += [p.read_bytes(), valid()]
     lines.append((DATA / "bad_records" / "truncated_line.jsonl").read_bytes())
     mixed.write_bytes(b"".join(lines))
-    reader = TrajectoryReader(mixed, vocab_size=1000)
+    reader = TrajectoryReader(mixed, vocab_size=1000, limits=LIMITS)
     ids = [t.id for t in reader]
-    assert ids == [f"ok-{i}" for i in range(n_valid)] and n_valid == 30
+    assert ids == [f"ok-{i}" for i in range(n_valid)] and n_valid == 32
     s = reader.summary
-    assert (s.read, s.accepted, s.rejected) == (60, 30, 30)
+    assert (s.read, s.accepted, s.rejected) == (64, 32, 32)
     assert s.by_reason == {p.stem: 1 for p in BAD}
 
 

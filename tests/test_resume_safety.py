@@ -1,7 +1,9 @@
 """Nothing lost on resume (issue 15, failures 1, 2 and 8): a checkpoint is trusted only when it verifies
 against its manifest; ``--resume`` takes the newest one that verifies, refuses when none does, never
 starts over silently, never deletes an intact older checkpoint first, never truncates the metrics
-history; and it refuses a changed configuration unless told to override it."""
+history; and it refuses a changed configuration unless told to override it. Issue 27 (failures 5, 10,
+12): it also refuses changed inputs (data, tokenizer), never rewinds a run, removes what killed saves
+left behind, and a plain resume adds nothing to config.history.jsonl."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from safetensors.torch import load_file
 
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
 from memorywalker.recipes.sft import SFTConfig, train
+from memorywalker.records.io import write_trajectories
 from memorywalker.train.checkpoint import (
     CheckpointError,
+    file_sha256,
     latest_checkpoint,
     save_checkpoint,
     verify_checkpoint,
@@ -171,3 +175,81 @@ def test_fresh_start_into_a_used_run_dir_is_refused_before_the_model_loads(tmp_p
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileExistsError, match="pass --resume to continue or choose another run_dir"):
         train(config(kit, tmp_path, steps=1, model="/nonexistent-model"), trajectories=episodes(2), progress=False)
+
+
+# --- issue 27: resume compares the inputs, never rewinds, cleans up, records history only on change ----
+
+def test_resume_refuses_data_replaced_in_place(tmp_path, kit):
+    """Old code: replacing the data file with other episodes of the same count, then --resume, exited 0
+    and trained on the new data. Now the content hash the checkpoint recorded differs: refused, the
+    hashes named; --override-config resumes on the new data."""
+    data = tmp_path / "data.jsonl"
+    write_trajectories(data, episodes(4))
+    run = tmp_path / "run"
+    train(config(kit, run, steps=2, data=str(data)), progress=False)
+    before = file_sha256(data)
+    write_trajectories(data, [synthetic_trajectory(SyntheticSpec(turns=3, evictions=1, words=6, seed=i + 50), f"ep-{i}")
+                              for i in range(4)])
+    with pytest.raises(ConfigError, match=rf"inputs differ .*\(content SHA-256 of data: {before[:12]}\.\.\. -> "
+                                          rf"{file_sha256(data)[:12]}\.\.\.\); pass --override-config"):
+        train(config(kit, run, steps=4, data=str(data), resume=True), progress=False)
+    result = train(config(kit, run, steps=4, data=str(data), resume=True, override_config=True), progress=False)
+    assert [m["step"] for m in result.metrics] == [2, 3]
+
+
+def test_resume_refuses_a_tokenizer_changed_in_place(tmp_path, kit):
+    """The tokenizer dir edited in place (same path, so the configuration is unchanged): its chat
+    template's hash differs from the checkpoint's."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(kit[0], tok)
+    run = tmp_path / "run"
+    train(config(kit, run, steps=2, tokenizer=str(tok)), trajectories=episodes(2), progress=False)
+    template = tok / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_start|>", "<|im_start|> ", 1))
+    with pytest.raises(ConfigError, match=r"content SHA-256 of chat_template: "):
+        train(config(kit, run, steps=4, tokenizer=str(tok), resume=True), trajectories=episodes(2), progress=False)
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(run6, tmp_path, kit):
+    """Old code: `--resume steps=3` onto the step-6 checkpoint recorded "steps": 3 over step-6 weights.
+    Decided: a run is never rewound, so it is refused (steps=6 itself is allowed: nothing left to do)."""
+    run = copy_run(run6, tmp_path)
+    recorded = (run / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"newest checkpoint of .* is at step 6, past steps=3; a run is never "
+                                          r"rewound: pass steps=6 or more"):
+        train(config(kit, run, steps=3, resume=True), trajectories=run6[1], progress=False)
+    assert (run / "config.json").read_text() == recorded
+    assert json.loads((run / "final" / "memorywalker.json").read_text())["steps"] == 6
+    result = train(config(kit, run, steps=6, resume=True), trajectories=run6[1], progress=False)
+    assert result.metrics == [] and metric_steps(run) == list(range(6))
+
+
+def test_plain_resume_appends_nothing_to_the_config_history(run6, tmp_path, kit):
+    """Old code: every plain --resume appended the config to config.history.jsonl (only `resume`
+    differed). Now two plain resumes append nothing; a resume that changes steps appends the replaced
+    configuration once."""
+    run = copy_run(run6, tmp_path)
+    for _ in range(2):
+        train(config(kit, run, steps=6, resume=True), trajectories=run6[1], progress=False)
+    assert not (run / "config.history.jsonl").exists()
+    train(config(kit, run, steps=7, resume=True), trajectories=run6[1], progress=False)
+    (old,) = [json.loads(ln) for ln in (run / "config.history.jsonl").read_text().splitlines()]
+    assert old["steps"] == 6
+
+
+def test_killed_saves_are_cleaned_up_after_a_successful_resume(run6, tmp_path, kit, capsys):
+    """Old code: `checkpoints/.tmp-step-NNNNNN-PID/` left by saves killed mid-write stayed forever. Now
+    the resume that loaded its checkpoint removes them (the run dir's lock says no one else writes)."""
+    run = copy_run(run6, tmp_path)
+    ckpts = run / "checkpoints"
+    (ckpts / ".tmp-step-000008-4242").mkdir()
+    (ckpts / ".tmp-step-000008-4242" / "model.safetensors").write_bytes(b"half")
+    (ckpts / ".latest-4242").write_text("step-000008")
+    (run / ".tmp-final-4242").mkdir()
+    train(config(kit, run, steps=8, resume=True), trajectories=run6[1], progress=False)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000006", "step-000008"]
+    assert not (run / ".tmp-final-4242").exists()
+    err = capsys.readouterr().err
+    assert "resume: removed what killed saves left behind: .latest-4242, .tmp-final-4242, .tmp-step-000008-4242" in err

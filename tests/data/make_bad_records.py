@@ -74,6 +74,10 @@ def main():
         "logprob_length_mismatch": edit(lambda r: r["calls"][0].update(rollout_logprobs=[-0.5])),
         "top_logprobs_length_mismatch": edit(lambda r: r["calls"][0].update(rollout_top_logprobs=[[[8, -0.5]]])),
         "invalid_logprob": edit(lambda r: r["calls"][0].update(rollout_logprobs=[-0.5, 0.7])),
+        # Read with RecordLimits(max_bytes=16384) by the tests; the other records are ~1 KB.
+        "record_too_large": edit(lambda r: r["messages"][1].update(content="x" * 20000)),
+        "too_deep": edit(lambda r: r["messages"][2]["tool_calls"][0].update(
+            arguments={"query": json.loads("[" * 150 + "]" * 150)})),
         "invalid_reward": b'{"schema": "memorywalker.trajectory/v1", "id": "bad-0", "messages": [], '
                           b'"calls": [{"id": "k", "context": ["m"], "response": "m"}], "reward": NaN}\n',
     }

@@ -142,13 +142,24 @@ def backend_of(model) -> Backend:
                      f"use one of {[b.hf_implementation for b in BACKENDS.values()]}")
 
 
-def use_backend(model, name: str) -> Backend:
-    """Switch the model to the attention implementation ``name``'s mask is built for; return the backend."""
+@contextmanager
+def use_backend(model, name: str | None):
+    """Run a block with the model on the attention implementation ``name``'s mask is built for (None: the
+    model's own); yield the backend. The model's implementation is restored on exit, never changed
+    silently for the caller."""
+    if name is None:
+        yield backend_of(model)
+        return
     backend = get_backend(name)
     inner = _unwrap(model)
-    if inner.config._attn_implementation != backend.hf_implementation:
+    saved = inner.config._attn_implementation
+    if saved != backend.hf_implementation:
         inner.set_attn_implementation(backend.hf_implementation)
-    return backend
+    try:
+        yield backend
+    finally:
+        if inner.config._attn_implementation != saved:
+            inner.set_attn_implementation(saved)
 
 
 @contextmanager

@@ -5,21 +5,25 @@ and causally to itself. No [L, L] mask is ever built:
 
     out = softmax([q·K_anc ; q·K_self + causal]) · [V_anc ; V_self]
 
-is computed as one attention per key block — each ancestor block with no mask, the chunk itself with
-``is_causal`` (queries and keys of equal length, so SDPA's top-left alignment is the right one) — and the
-blocks are merged by their log-sum-exp, as FlashAttention merges its tiles and ring attention its
-shards (Liu et al. 2023, https://arxiv.org/abs/2310.01889):
+is computed as two attentions — the ancestors' cached blocks concatenated into one block with no mask,
+the chunk itself with ``is_causal`` (queries and keys of equal length, so the top-left alignment of the
+CPU kernel and the bottom-right one of CUDA's agree) — merged by their log-sum-exp, as FlashAttention
+merges its tiles and ring attention its shards (Liu et al. 2023, https://arxiv.org/abs/2310.01889):
 
-    lse = log Σ_b exp(lse_b),    out = Σ_b exp(lse_b − lse) · out_b
+    lse = log(exp(lse_anc) + exp(lse_self)),    out = exp(lse_anc − lse) · out_anc + exp(lse_self − lse) · out_self
 
-The backward runs the FlashAttention backward of each block with the *merged* output and log-sum-exp,
-which gives exactly the gradient of the attention over the union of blocks (the softmax rows are
-normalized by the merged ``lse``; ``D = rowsum(dO ∘ O)`` uses the merged ``O``).
+The backward runs the kernel's backward of each block with the *merged* output and log-sum-exp, which
+gives exactly the gradient of the attention over the union of blocks (the softmax rows are normalized
+by the merged ``lse``; ``D = rowsum(dO ∘ O)`` uses the merged ``O``). The concatenation of the ancestor
+blocks is not saved for the backward (it would hold a second copy of the whole root path per chunk):
+the blocks are saved as they are and concatenated again.
 
-On CPU the blocks run ATen's flash kernel (``_scaled_dot_product_flash_attention_for_cpu``): memory is
-O(chunk · block), never [heads, L, L]. Elsewhere (CUDA, MPS) one SDPA call over the concatenated keys
-with a [chunk, ancestors + chunk] mask is used, which CUDA's memory-efficient kernel runs without
-materializing the scores.
+The two blocks run the device's attention kernels that return and accept the log-sum-exp
+(:data:`KERNELS`): ATen's CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu``, any
+float dtype) and, on CUDA, the memory-efficient kernel (``_scaled_dot_product_efficient_attention``:
+fp32, fp16 and bf16; its log-sum-exp is padded to a multiple of 32 queries). Memory is O(chunk · keys)
+in neither: both tile the scores, never [heads, L, L]. The CUDA path has tests that skip without CUDA
+and has not run (no GPU was available for this work).
 
 Hugging Face models reach it through the attention interface: :func:`prefix_attention` is registered
 under :data:`IMPLEMENTATION`, and the model forward receives the segments of its row and the cached
@@ -29,6 +33,7 @@ attention layer. Segments packed in one row never attend to each other (varlen p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,102 +87,111 @@ def _unrep(g: torch.Tensor, n_rep: int, batch: int) -> torch.Tensor:
     return g.sum(0, keepdim=True) if batch == 1 and B > 1 else g
 
 
-class _MergedFlash(torch.autograd.Function):
-    """Attention of ``q`` over [ancestor blocks..., self (causal)], merged by log-sum-exp (CPU flash)."""
+@dataclass(frozen=True)
+class Kernel:
+    """A device's attention kernel that returns the log-sum-exp and a backward that accepts it.
+
+    ``forward(q, k, v, causal, scale) -> (out [B, H, c, d], lse float32 [B, H, c])``;
+    ``backward(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)`` with the merged out/lse.
+    """
+
+    forward: Callable
+    backward: Callable
+
+
+def _cpu_forward(q, k, v, causal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def _cpu_backward(grad_out, q, k, v, out, lse, causal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, q, k, v, out, lse, 0.0, causal, scale=scale)
+
+
+def _cuda_forward(q, k, v, causal: bool, scale: float):
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal, scale=scale)
+    return out, lse[..., :q.shape[2]]  # the kernel pads the log-sum-exp to a multiple of 32 queries
+
+
+def _cuda_backward(grad_out, q, k, v, out, lse, causal: bool, scale: float):
+    c = q.shape[2]
+    padded = lse.new_zeros(*lse.shape[:-1], -(-c // 32) * 32)  # the layout the kernel wrote
+    padded[..., :c] = lse
+    seed = offset = torch.zeros((), dtype=torch.int64, device=q.device)  # no dropout: unused
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        grad_out, q, k, v, None, out, padded.contiguous(), seed, offset, 0.0, [True, True, True, False], causal,
+        scale=scale)
+    return dq, dk, dv
+
+
+KERNELS: dict[str, Kernel] = {"cpu": Kernel(_cpu_forward, _cpu_backward), "cuda": Kernel(_cuda_forward, _cuda_backward)}
+
+
+def kernel_for(device: torch.device) -> Kernel:
+    try:
+        return KERNELS[device.type]
+    except KeyError:
+        raise ValueError(f"the radix schedule has no attention kernel for {device.type!r}; "
+                         f"supported: {sorted(KERNELS)}") from None
+
+
+class _MergedAttention(torch.autograd.Function):
+    """Attention of ``q`` over [ancestor blocks (concatenated, no mask) ; self (causal)], merged by
+    log-sum-exp. ``kv`` = k_self, v_self, then each ancestor block's k, v (root first)."""
 
     @staticmethod
-    def forward(ctx, scale: float, n_rep: int, q: torch.Tensor, *kv: torch.Tensor):
+    def forward(ctx, scale: float, n_rep: int, kernel: Kernel, q: torch.Tensor, *kv: torch.Tensor):
         B = q.shape[0]
-        blocks = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]  # last one is the chunk itself
-        acc = torch.promote_types(q.dtype, torch.float32)  # merge in at least fp32
-        outs, lses = [], []
-        for i, (k, v) in enumerate(blocks):
-            causal = i == len(blocks) - 1
-            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, _rep(k, n_rep, B), _rep(v, n_rep, B), 0.0, causal, scale=scale)
-            outs.append(o.to(acc))
-            lses.append(lse.to(acc))  # [B, H, c]
-        lse = torch.logsumexp(torch.stack(lses), dim=0)  # merged normalizer
-        out = sum(o * torch.exp(l_b - lse)[..., None] for o, l_b in zip(outs, lses, strict=True))
-        out = out.to(q.dtype)
-        ctx.scale, ctx.n_rep = scale, n_rep
+        k_self, v_self, anc = kv[0], kv[1], kv[2:]
+        o_self, l_self = kernel.forward(q, _rep(k_self, n_rep, B), _rep(v_self, n_rep, B), True, scale)
+        if anc:
+            k_anc, v_anc = _cat_blocks(anc)
+            o_anc, l_anc = kernel.forward(q, _rep(k_anc, n_rep, B), _rep(v_anc, n_rep, B), False, scale)
+            acc = torch.promote_types(q.dtype, torch.float32)  # merge in at least fp32
+            l_anc, l_self = l_anc.to(acc), l_self.to(acc)
+            lse = torch.logaddexp(l_anc, l_self)  # merged normalizer
+            out = (o_anc.to(acc) * torch.exp(l_anc - lse)[..., None]
+                   + o_self.to(acc) * torch.exp(l_self - lse)[..., None]).to(q.dtype)
+        else:
+            out, lse = o_self, l_self
+        ctx.scale, ctx.n_rep, ctx.kernel = scale, n_rep, kernel
         ctx.save_for_backward(q, out, lse, *kv)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        q, out, lse, *kv = ctx.saved_tensors
-        B = q.shape[0]
+        q, out, lse, k_self, v_self, *anc = ctx.saved_tensors
+        B, n_rep, kernel, scale = q.shape[0], ctx.n_rep, ctx.kernel, ctx.scale
         grad_out = grad_out.contiguous()
-        dq = torch.zeros_like(q, dtype=torch.promote_types(q.dtype, torch.float32))
-        dkv = []
-        n = len(kv) // 2
-        for i in range(n):
-            k, v = kv[2 * i], kv[2 * i + 1]
-            causal = i == n - 1
-            # The merged out/lse make each block's P = exp(q·k·scale − lse) its share of the full softmax.
-            g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, q, _rep(k, ctx.n_rep, B), _rep(v, ctx.n_rep, B), out, lse, 0.0, causal, scale=ctx.scale)
-            dq += g_q
-            dkv += [_unrep(g_k, ctx.n_rep, k.shape[0]).to(k.dtype), _unrep(g_v, ctx.n_rep, v.shape[0]).to(v.dtype)]
-        return None, None, dq.to(q.dtype), *dkv
+        # The merged out/lse make each block's P = exp(q·k·scale − lse) its share of the full softmax.
+        dq, dk, dv = kernel.backward(grad_out, q, _rep(k_self, n_rep, B), _rep(v_self, n_rep, B), out, lse, True, scale)
+        grads = [_unrep(dk, n_rep, k_self.shape[0]).to(k_self.dtype), _unrep(dv, n_rep, v_self.shape[0]).to(v_self.dtype)]
+        if anc:
+            k_anc, v_anc = _cat_blocks(anc)
+            dq_a, dk_a, dv_a = kernel.backward(grad_out, q, _rep(k_anc, n_rep, B), _rep(v_anc, n_rep, B), out, lse,
+                                               False, scale)
+            dq = dq.to(torch.promote_types(q.dtype, torch.float32)) + dq_a
+            dk_a, dv_a = _unrep(dk_a, n_rep, k_anc.shape[0]), _unrep(dv_a, n_rep, v_anc.shape[0])
+            sizes = [anc[i].shape[2] for i in range(0, len(anc), 2)]
+            for dk_b, dv_b, k_b in zip(dk_a.split(sizes, 2), dv_a.split(sizes, 2), anc[0::2], strict=True):
+                grads += [dk_b.to(k_b.dtype), dv_b.to(k_b.dtype)]
+        return None, None, None, dq.to(q.dtype), *grads
 
 
-def _masked_sdpa(q, k_self, v_self, ancestors, scale: float, n_rep: int) -> torch.Tensor:
-    """Any device: one SDPA over [ancestors ; self] with a [c, A + c] mask (all ancestors, causal self)."""
-    B, c = q.shape[0], q.shape[2]
-    if not ancestors:  # a root segment: plain causal attention (flash / memory-efficient kernels, no mask)
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, _rep(k_self, n_rep, B), _rep(v_self, n_rep, B), is_causal=True, scale=scale)
-    keys = torch.cat([_rep(k, n_rep, B) for k, _ in ancestors] + [_rep(k_self, n_rep, B)], dim=2)
-    values = torch.cat([_rep(v, n_rep, B) for _, v in ancestors] + [_rep(v_self, n_rep, B)], dim=2)
-    a = keys.shape[2] - c
-    idx = torch.arange(c, device=q.device)
-    mask = torch.ones(c, a + c, dtype=torch.bool, device=q.device)
-    mask[:, a:] = idx[None, :] <= idx[:, None]
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+def _cat_blocks(anc) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) of the ancestor blocks concatenated along the keys (a flat list k0, v0, k1, v1, ...)."""
+    if len(anc) == 2:
+        return anc[0], anc[1]
+    return torch.cat(anc[0::2], dim=2), torch.cat(anc[1::2], dim=2)
 
 
 def attend(q: torch.Tensor, k_self: torch.Tensor, v_self: torch.Tensor,
            ancestors: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
     """q [B, H, c, d], k/v_self [B, Hkv, c, d], ancestor blocks [1, Hkv, n_b, d] -> out [B, H, c, d]."""
     n_rep = q.shape[1] // k_self.shape[1]
-    if q.device.type == "cpu":
-        flat = [t for kv in ancestors for t in kv] + [k_self, v_self]
-        return _MergedFlash.apply(scale, n_rep, q.contiguous(), *flat)
-    return _masked_sdpa(q, k_self, v_self, ancestors, scale, n_rep)
-
-
-# Ancestor blocks shorter than this are concatenated into runs of at most this many keys: one kernel
-# call per run instead of one per small radix node. Longer blocks are attended in place (no copy).
-COALESCE_KEYS = 2048
-
-
-def coalesce(blocks: list[tuple[torch.Tensor, torch.Tensor]], limit: int = COALESCE_KEYS
-             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Concatenate runs of short (key, value) blocks (differentiably) into blocks of at most ``limit`` keys."""
-    out: list[tuple[torch.Tensor, torch.Tensor]] = []
-    run: list[tuple[torch.Tensor, torch.Tensor]] = []
-    size = 0
-
-    def flush():
-        if len(run) == 1:
-            out.append(run[0])
-        elif run:
-            out.append((torch.cat([k for k, _ in run], dim=2), torch.cat([v for _, v in run], dim=2)))
-
-    for k, v in blocks:
-        n = k.shape[2]
-        if n >= limit or size + n > limit:
-            flush()
-            run, size = [], 0
-        if n >= limit:
-            out.append((k, v))
-        else:
-            run.append((k, v))
-            size += n
-    flush()
-    return out
+    flat = [t for kv in ancestors for t in kv]
+    return _MergedAttention.apply(scale, n_rep, kernel_for(q.device), q.contiguous(), k_self, v_self, *flat)
 
 
 def prefix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -202,7 +216,7 @@ def prefix_attention(module, query, key, value, attention_mask, scaling=None, dr
     outs = []
     for seg in ctx.segments:
         cols = slice(seg.start, seg.start + seg.length)
-        ancestors = coalesce([ctx.blocks[i][layer] for i in seg.ancestors])
+        ancestors = [ctx.blocks[i][layer] for i in seg.ancestors]
         outs.append(attend(query[:, :, cols], key[:, :, cols], value[:, :, cols], ancestors, scale))
     ctx.new[layer] = (key, value)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, L, d]

@@ -61,9 +61,13 @@ def gap(
     unknown = [m for m in method if m not in METHODS]
     if unknown:
         raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
+    from memorywalker.train.inputs import FitsModel, model_positions
+
     tok = AutoTokenizer.from_pretrained(tokenizer or model)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
-    reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok))
+    # Ids the tokenizer does not have, and calls longer than the model's positions: rejected before any forward.
+    reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok),
+                              check=FitsModel(Renderer(tok), model_positions(model), keep=False))
     trajs = [t for t in reader if any(c.rollout_logprobs is not None for c in t.calls)]
     if per_token and not as_json:
         raise typer.BadParameter("--per-token needs --json")

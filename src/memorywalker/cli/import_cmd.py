@@ -2,6 +2,10 @@
 
 Exits 2 (one line, after writing the rejects file) when no trajectory was imported - an empty
 directory, a binary file - and, with ``--strict``, when any record, file or trajectory was rejected.
+
+The output and the rejects file are each written to a temporary file beside them and renamed into
+place when complete: two imports to one ``-o`` leave one of the two complete outputs, never a mix; a
+full disk leaves the previous file and says ``FILE: No space left on device`` (exit 2).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ def import_logs(
     format: str = typer.Argument(..., help=" | ".join(IMPORTERS)),
     paths: list[Path] = typer.Argument(..., exists=True, help="log files or directories"),
     output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL to write"),
-    redact: bool = typer.Option(False, "--redact", help="replace API keys, e-mails and home paths by placeholders"),
+    redact: bool = typer.Option(False, "--redact", help="replace secrets, credentials, e-mails, phone numbers, private IPs, home paths and "
+                                "the user name by placeholders, everywhere (docs/importers.md)"),
     max_input_tokens: int = typer.Option(None, "--max-input-tokens", help="qwen-agent: replay its truncation at this budget"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="qwen-agent: HF tokenizer dir used to count tokens"),
     strict: bool = typer.Option(False, "--strict", help="exit 2 when anything was rejected, not only when nothing was imported"),
@@ -34,6 +39,7 @@ def import_logs(
     from rich.console import Console
     from rich.table import Table
 
+    from memorywalker.fileio import atomic_write
     from memorywalker.importers import ImportOptions, run_import
     from memorywalker.importers.billed import check_counts
     from memorywalker.records import write_trajectories
@@ -49,7 +55,7 @@ def import_logs(
     result = run_import(format, paths, ImportOptions(redact=redact, max_input_tokens=max_input_tokens,
                                                      count_tokens=count))
     rejects_path = output.with_name(output.stem + ".rejects.jsonl")
-    with open(rejects_path, "w", encoding="utf-8") as f:
+    with atomic_write(rejects_path) as f:  # redacted too, with --redact (run_import)
         for r in result.rejects:
             f.write(json.dumps(r.as_dict(), ensure_ascii=False) + "\n")
     c = result.counts()
@@ -58,7 +64,7 @@ def import_logs(
     if not result.trajectories:  # nothing to write: fail (no empty output file)
         raise ValueError(f"{inputs}: no {format} trajectory imported (read {c['read']} records, rejected "
                          f"{c['rejected']}{'; ' + reasons if reasons else ''}); reasons in {rejects_path}")
-    write_trajectories(output, result.trajectories)
+    write_trajectories(output, result.trajectories)  # atomically: a reader never sees half of it
 
     table = Table(title=f"memorywalker import {format}")
     table.add_column("what")

@@ -85,7 +85,7 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Stable JSON output (keys in docs/inspect.md)."),
 ):
     """Per trajectory and in total: calls, evictions, segments, U/P/L tokens, role shares, targets,
-    dilution, rightmost-path losses and packing occupancy."""
+    dilution, rightmost-path losses and packing occupancy. Exits 2 when no line was accepted."""
     from tqdm import tqdm
 
     from memorywalker.render import Renderer
@@ -103,6 +103,8 @@ def inspect(
         st = tree_stats(renderer.render(traj))
         per.append(st)
         total.add(st)
+    if reader.summary.accepted == 0:  # an empty or binary file: nothing to inspect
+        raise ValueError(f"{file}: no valid trajectory ({reader.summary})")
     occ = occupancy([s.unique_tokens for s in per], max_length)
 
     if as_json:

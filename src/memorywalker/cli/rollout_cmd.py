@@ -38,9 +38,11 @@ def rollout_cmd(
     temperature: float = typer.Option(1.0, "--temperature", help="hf/openai sampling temperature"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="hf/openai response length limit"),
     top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
+    dtype: str = typer.Option("float32", "--dtype", help="hf: the sampler's parameter dtype: float32 | bfloat16"),
     model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
     request_timeout: float = typer.Option(120.0, "--request-timeout", min=0.001,
-                                          help="openai: seconds to wait for one answer before retrying"),
+                                          help="openai: seconds one request may take in all (connecting, headers, the whole "
+                                               "body) before it is retried"),
     retries: int = typer.Option(3, "--retries", min=0,
                                 help="openai: retries of a refused connection, timeout or 5xx (backoff 1, 2, 4 s...)"),
     override_config: bool = typer.Option(False, "--override-config",
@@ -70,6 +72,10 @@ def rollout_cmd(
     kwargs = {}
     if kind in ("hf", "openai"):
         kwargs = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k)
+        if kind == "hf":
+            if dtype not in ("float32", "bfloat16"):
+                raise typer.BadParameter(f"unknown dtype {dtype!r}; valid: float32, bfloat16", param_hint="--dtype")
+            kwargs["dtype"] = dtype
         if kind == "openai":
             kwargs.update(model=model, timeout=request_timeout, retries=retries)
     try:

@@ -36,7 +36,8 @@ def view(
 
         renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer))
     report = json.loads(gap.read_text(encoding="utf-8")) if gap is not None else None
-    reader = TrajectoryReader(data)
+    # With a tokenizer, recorded ids it does not have are rejected before anything is rendered.
+    reader = TrajectoryReader(data, vocab_size=len(renderer.tok) if renderer is not None else None)
     wanted = set(ids or [])
     written, found = [], set()
     for traj in reader:

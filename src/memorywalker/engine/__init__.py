@@ -2,14 +2,27 @@
 
 API::
 
-    from memorywalker.engine import Batch, EngineConfig, run, step_denominators
+    from memorywalker.engine import Batch, EngineConfig, TokenCall, logprobs, loss, run, step_denominators
 
     batch = Batch.from_groups(groups)      # groups: list[list[RenderedTrajectory]] (sdcc: full_view=True)
+    batch = Batch.from_token_ids([[TokenCall(ids, response_start), ...], ...])   # or from token ids
     cfg = EngineConfig(method="radix", objective="nll", normalization="token")
-    result = run(model, batch, cfg)        # forwards + backward(s): grads accumulate in model.parameters()
+
+    out = logprobs(model, batch, cfg)      # differentiable per-target logprobs (out.values [N]) + target table
+    my_loss(out.values, out.targets).backward()          # any loss of your trainer
+    loss(model, batch, cfg).loss.backward()              # or the engine's objective, normalized as declared
+    result = run(model, batch, cfg)        # the same, streamed: one backward per buffer, grads accumulated
     optimizer.step(); optimizer.zero_grad()
 
-``run(model, batch, cfg=None, *, backward=True, denominators=None) -> EngineResult`` with
+``logprobs(model, batch, cfg=None) -> TargetLogprobs`` (``engine/logprobs.py``): ``values`` float32 [N]
+with the graph (NaN where the method lost a target), ``targets`` (position, label, call, trajectory,
+weight, rollout_logprob, advantage), ``weight``, ``lost``, ``kl`` (sdcc: per KL row) and ``eps_kl()``.
+``loss(model, batch, cfg=None, *, advantages=None, weights=None, old_logprobs=None, denominators=None)
+-> LossOutput`` (``loss`` with the graph, ``logprobs``, per-target ``stats``); its gradient equals what
+``run`` accumulates.
+
+``run(model, batch, cfg=None, *, backward=True, denominators=None, advantages=None, weights=None,
+old_logprobs=None) -> EngineResult`` with
 
 * ``result.loss`` — scalar, detached: the loss whose gradient was accumulated;
 * ``result.logprobs`` — float32 [N], per target of ``batch.targets`` (NaN where the method lost it);
@@ -50,19 +63,12 @@ the same number of backward passes. A micro-batch holds whole trees; ``radix`` r
 packed set of trees, or one tree longer than ``max_tokens``) in one backward.
 """
 
+from memorywalker.engine.config import Denominators, EngineConfig
+from memorywalker.engine.logprobs import LossOutput, TargetLogprobs, layout_for, logprobs, loss
 from memorywalker.engine.methods import METHODS, Method, get_method, method_names, needs_full_view
-from memorywalker.engine.run import (
-    OBJECTIVES,
-    Denominators,
-    EngineConfig,
-    EngineResult,
-    Objective,
-    get_objective,
-    layout_for,
-    run,
-    step_denominators,
-)
-from memorywalker.layout.batch import Batch
+from memorywalker.engine.objective import OBJECTIVES, Objective, get_objective
+from memorywalker.engine.run import EngineResult, run, step_denominators
+from memorywalker.layout.batch import Batch, TokenCall
 
 __all__ = [
     "METHODS",
@@ -71,11 +77,16 @@ __all__ = [
     "Denominators",
     "EngineConfig",
     "EngineResult",
+    "LossOutput",
     "Method",
     "Objective",
+    "TargetLogprobs",
+    "TokenCall",
     "get_method",
     "get_objective",
     "layout_for",
+    "logprobs",
+    "loss",
     "method_names",
     "needs_full_view",
     "run",

@@ -18,7 +18,9 @@ of the next. The schedule:
 * position ids are the buffer's (tree depth, so a node continues RoPE from its parent's depth).
 
 A chain (per-call row, segment, full view, rightmost path) is one node: a plain causal pass, chunked
-when long. Logits are computed only at the positions that predict a target (``logits_to_keep``).
+when long. The head runs only at the positions that predict a target, a chunk of targets at a time
+(:mod:`memorywalker.engine.head`); with ``checkpoint_chunks`` each forward's activations are recomputed
+in the backward and only the cached keys/values stay.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from memorywalker.attention.masks import attention_implementation
 from memorywalker.attention.prefix import PrefixKV, Segment, register
+from memorywalker.engine.head import OutputHead, capture_hidden, check_head_logits, target_logprobs
 from memorywalker.layout.buffers import Buffer
 
 
@@ -110,26 +114,27 @@ def schedule(items: list[Item], max_tokens: int) -> list[list[int]]:
     return forwards
 
 
-def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits / temperature`` (unchanged at 1): the logits of the distribution a sampler drew from at
-    that temperature, so trainer logprobs are comparable with the rollout's (verl divides the same way)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}: must be > 0 (greedy rollouts record untempered logprobs: 1)")
-    return logits if temperature == 1.0 else logits.float() / temperature  # divided in fp32 as the sampler does
-
-
-def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int, temperature: float = 1.0
+def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int, temperature: float = 1.0, *,
+                  head: OutputHead | None = None, checkpoint_chunks: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, int]]:
     """Run ``model`` over ``buf`` with the shared-prefix schedule.
 
-    Returns (log p(label) per buffer target [M] float32, logits at the buffer's KL positions [J, V] or
-    None, {"forwards", "tokens"}). ``labels`` int64 [M] align with ``buf.target_row``; logits are divided
-    by ``temperature`` (:func:`tempered`).
+    Returns (log p(label) per buffer target [M] float32, hidden states at the buffer's KL positions
+    [J, H] or None, {"forwards", "tokens"}). ``labels`` int64 [M] align with ``buf.target_row``; logprobs
+    are of the logits divided by ``temperature``, computed a chunk of targets at a time
+    (:mod:`memorywalker.engine.head`).
+
+    ``checkpoint_chunks``: each forward runs under a non-reentrant activation checkpoint. What it
+    leaves behind for later forwards — its keys/values, the hidden states at its predicting positions —
+    stays; everything else is recomputed in the backward, one forward at a time. Peak memory for a
+    chain of U tokens is then about U x (K/V bytes per token, all layers) + one forward's activations.
     """
     device = next(model.parameters()).device
+    head = head or OutputHead.of(model)
+    config = _unwrap(model).config
     items = items_of(radix_nodes(buf.tout), max_tokens)
     forwards = schedule(items, max_tokens)
-    n_layers = _unwrap(model).config.num_hidden_layers
+    n_layers = config.num_hidden_layers
     blocks: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(items)  # item -> per layer (k, v)
     ancestors: list[list[int]] = []  # item -> its ancestor items, root first
     for it in items:
@@ -138,45 +143,56 @@ def forward_radix(model, buf: Buffer, labels: torch.Tensor, max_tokens: int, tem
     m = len(buf.target_pred)
     pred_order = np.argsort(preds, kind="stable")
     sorted_preds = preds[pred_order]
-    picked: list[torch.Tensor] = []  # logits of predicting positions, forward by forward
-    order: list[np.ndarray] = []  # which entries of ``preds`` each forward's logits answer
-    with attention_implementation(_unwrap(model).config, register()):  # the prefix kernel, for these forwards
-        for row in forwards:
-            segments, cols, entries, offset = [], [], [], 0
-            for i in row:
-                it = items[i]
-                segments.append(Segment(offset, it.length, ancestors[i]))
-                lo, hi = np.searchsorted(sorted_preds, [it.start, it.start + it.length])
-                e = pred_order[lo:hi]  # predictions made inside this item
-                entries.append(e)
-                cols.append(preds[e] - it.start + offset)
-                offset += it.length
-            positions = np.concatenate([np.arange(items[i].start, items[i].start + items[i].length) for i in row])
-            ids = torch.from_numpy(buf.token_ids[positions])[None].to(device)
-            pos = torch.from_numpy(buf.position_ids[positions])[None].to(device)
-            entries_a, cols_a = np.concatenate(entries), np.concatenate(cols)
-            keep, col_idx = np.unique(cols_a, return_inverse=True)
-            ctx = PrefixKV(segments, blocks)
-            out = model(input_ids=ids, position_ids=pos, prefix_kv=ctx, use_cache=False,
-                        logits_to_keep=torch.from_numpy(keep if len(keep) else np.zeros(1, np.int64)).to(device))
-            if len(entries_a):
-                picked.append(out.logits[0, torch.from_numpy(col_idx).to(device)])
-                order.append(entries_a)
-            for seg, i in zip(segments, row, strict=True):
-                cols_i = slice(seg.start, seg.start + seg.length)
-                blocks[i] = [(k[:, :, cols_i], v[:, :, cols_i]) for k, v in (ctx.new[la] for la in range(n_layers))]
+    picked: list[torch.Tensor] = []  # hidden states of predicting positions, forward by forward
+    order: list[np.ndarray] = []  # which entries of ``preds`` each forward's hidden states answer
+    impl = register()
+    for row in forwards:
+        segments, cols, entries, offset = [], [], [], 0
+        for i in row:
+            it = items[i]
+            segments.append(Segment(offset, it.length, ancestors[i]))
+            lo, hi = np.searchsorted(sorted_preds, [it.start, it.start + it.length])
+            e = pred_order[lo:hi]  # predictions made inside this item
+            entries.append(e)
+            cols.append(preds[e] - it.start + offset)
+            offset += it.length
+        positions = np.concatenate([np.arange(items[i].start, items[i].start + items[i].length) for i in row])
+        ids = torch.from_numpy(buf.token_ids[positions])[None].to(device)
+        pos = torch.from_numpy(buf.position_ids[positions])[None].to(device)
+        entries_a, cols_a = np.concatenate(entries), np.concatenate(cols)
+        keep, col_idx = np.unique(cols_a, return_inverse=True)
+        keep_t = torch.from_numpy(keep if len(keep) else np.zeros(1, np.int64)).to(device)
+
+        def forward(ids=ids, pos=pos, keep_t=keep_t, segments=segments):
+            # The prefix kernel and the head capture are entered here, so a checkpoint's recomputation in
+            # the backward replays exactly these operations.
+            with attention_implementation(config, impl), capture_hidden(model, head) as cap:
+                ctx = PrefixKV(segments, blocks)
+                out = model(input_ids=ids, position_ids=pos, prefix_kv=ctx, use_cache=False, logits_to_keep=keep_t)
+            return cap.hidden[0], out.logits, [ctx.new[la] for la in range(n_layers)]
+
+        if checkpoint_chunks and torch.is_grad_enabled():
+            hidden, native, new = checkpoint(forward, use_reentrant=False)
+        else:
+            hidden, native, new = forward()
+        if len(entries_a):
+            picked.append(hidden[torch.from_numpy(col_idx).to(device)])
+            order.append(entries_a)
+        for seg, i in zip(segments, row, strict=True):
+            cols_i = slice(seg.start, seg.start + seg.length)
+            blocks[i] = [(k[:, :, cols_i], v[:, :, cols_i]) for k, v in new]
+        check_head_logits(head, hidden, native)
     if picked:
-        logits = tempered(torch.cat(picked), temperature)  # [P, V] forward by forward
+        hidden = torch.cat(picked)  # [P, H] forward by forward
         inv = np.empty(len(preds), dtype=np.int64)
-        inv[np.concatenate(order)] = np.arange(len(logits))
+        inv[np.concatenate(order)] = np.arange(len(hidden))
     else:
-        logits = torch.zeros(0, 1, device=device)
+        hidden = torch.zeros(0, 1, device=device)
         inv = np.zeros(0, dtype=np.int64)
-    t_idx = torch.from_numpy(inv[:m]).to(device)
-    lse = torch.logsumexp(logits[t_idx].float(), dim=-1)
-    logprob = logits[t_idx, labels.to(device)].float() - lse  # log p(y) = z_y − logsumexp(z)
-    kl_logits = logits[torch.from_numpy(inv[m:]).to(device)] if len(buf.kl_pred) else None
-    return logprob, kl_logits, {"forwards": len(forwards), "tokens": len(buf)}
+    logprob = target_logprobs(head, hidden[torch.from_numpy(inv[:m]).to(device)], labels.to(device),
+                              temperature=temperature)
+    kl_hidden = hidden[torch.from_numpy(inv[m:]).to(device)] if len(buf.kl_pred) else None
+    return logprob, kl_hidden, {"forwards": len(forwards), "tokens": len(buf)}
 
 
 def _unwrap(model):

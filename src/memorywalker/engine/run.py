@@ -1,57 +1,32 @@
-"""The engine entry point: run a method + objective on a model for one micro-batch."""
+"""The engine entry point: run a method + objective on a model for one micro-batch, backward included."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from memorywalker.attention.masks import backend_of, use_backend
-from memorywalker.engine.forward import forward_layout, model_device
+from memorywalker.attention.masks import use_backend
+from memorywalker.engine.config import Denominators, EngineConfig
+from memorywalker.engine.forward import model_device
+from memorywalker.engine.logprobs import (
+    _check_backend,
+    columns,
+    denominators_of,
+    kl_term,
+    layout_for,
+    stream,
+    student_means,
+    weights_of,
+)
 from memorywalker.engine.methods import get_method
+from memorywalker.engine.objective import get_objective
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
-from memorywalker.objectives.losses import (
-    behaviour_logprob,
-    forward_kl,
-    grpo_advantages,
-    nll,
-    ppo_clip,
-    weighted_logprob,
-)
 from memorywalker.objectives.metrics import gap_metrics
-from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
-
-
-@dataclass
-class EngineConfig:
-    method: str = "radix"  # a name in memorywalker.engine.methods.METHODS
-    objective: str = "nll"  # one of OBJECTIVES
-    normalization: str = "token"  # token | call | trajectory | sequence
-    attention: str | None = None  # mask schedule: sdpa | eager | flex; None = the model's current one
-    # Tokens per forward: the packed buffer size of the masked schedule, the chunk (and batch) size of
-    # the radix schedule (a longer node runs in chunks of this many tokens against its cached prefix).
-    max_tokens: int = 8192
-    clip_low: float = 0.2  # PPO ε for ratios below 1
-    clip_high: float = 0.2  # PPO ε for ratios above 1 (DAPO's clip-higher uses 0.28)
-    tis_cap: float | None = None  # truncated importance sampling cap C (e.g. 2.0); None = off
-    grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
-    sdcc_lambda: float = 1.0  # weight λ of the KL term
-    sdcc_students: str = "junctions"  # junctions | all (one student per selected call)
-    dp_size: int = 1  # data-parallel ranks whose gradients are averaged (DDP/FSDP); scales the loss
-    # Logprobs (and SDCC's KL) are of logits / temperature: the sampling temperature of the rollouts, whose
-    # recorded logprobs are of that distribution, so the PPO ratio is against the policy that sampled.
-    temperature: float = 1.0
-
-
-@dataclass
-class Denominators:
-    """What one optimizer step divides by, summed over its micro-batches and data-parallel ranks."""
-
-    loss: torch.Tensor  # scalar: the normalization denominator D of the main loss
-    kl: torch.Tensor  # scalar: number of SDCC students (the KL term is a mean over them)
+from memorywalker.objectives.normalize import aggregate, reduce_denominator
 
 
 @dataclass
@@ -64,92 +39,6 @@ class EngineResult:
     eps_kl: torch.Tensor | None = None  # sdcc: float32 [J] mean per-token KL of each student
 
 
-# --- objectives ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Columns:
-    """Per-target inputs of an objective, on the model's device ([N] each)."""
-
-    advantage: torch.Tensor
-    rollout_logprob: torch.Tensor
-    old_logprob: torch.Tensor | None
-
-    def take(self, idx: torch.Tensor) -> Columns:
-        return Columns(self.advantage[idx], self.rollout_logprob[idx],
-                       None if self.old_logprob is None else self.old_logprob[idx])
-
-
-def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
-    return nll(logprob), {}
-
-
-def _ppo(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
-    old = behaviour_logprob(logprob, cols.old_logprob, cols.rollout_logprob)
-    return ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                    rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
-
-
-def _weighted(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
-    return weighted_logprob(logprob, cols.advantage), {}
-
-
-def _batch_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
-    return batch.targets.advantage
-
-
-def _grpo_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
-    if np.isnan(batch.reward).any():
-        raise ValueError("grpo needs a reward on every trajectory (Trajectory.reward)")
-    adv = grpo_advantages(torch.from_numpy(batch.reward), torch.from_numpy(batch.group),
-                          scale_by_std=cfg.grpo_scale_by_std)
-    return adv.numpy()[batch.targets.trajectory]
-
-
-@dataclass(frozen=True)
-class Objective:
-    per_target: Callable  # (logprob [M], Columns, EngineConfig) -> (loss [M], stats {name: [M]})
-    advantage: Callable[[Batch, EngineConfig], np.ndarray] = _batch_advantage
-    # Each target's loss is its advantage times a finite factor: with every advantage 0 (GRPO groups whose
-    # rewards are all equal) the loss and its gradient are exactly 0, and the backward can be skipped.
-    scaled_by_advantage: bool = False
-
-
-OBJECTIVES: dict[str, Objective] = {
-    "nll": Objective(_nll),  # SFT: masked negative log-likelihood
-    "ppo": Objective(_ppo, scaled_by_advantage=True),  # PPO-clip with the advantages on the targets table
-    # PPO-clip with group-relative advantages from rewards
-    "grpo": Objective(_ppo, _grpo_advantage, scaled_by_advantage=True),
-    # −c_i·log p_i with c = the targets' advantage column: sequence-level losses (DPO) set c = −dL/dΣlogp
-    "weighted": Objective(_weighted, scaled_by_advantage=True),
-}
-
-
-def _lookup(table: dict, name: str, what: str):
-    try:
-        return table[name]
-    except KeyError:
-        raise ValueError(f"unknown {what} {name!r}; valid: {sorted(table)}") from None
-
-
-def get_objective(name: str) -> Objective:
-    return _lookup(OBJECTIVES, name, "objective")
-
-
-# --- denominators ----------------------------------------------------------------------------------
-
-
-def layout_for(batch: Batch, cfg: EngineConfig) -> Layout:
-    return get_method(cfg.method).build_layout(batch, cfg)
-
-
-def _local_denominators(batch: Batch, layout: Layout, cfg: EngineConfig):
-    tg = batch.targets
-    coef, d = normalize(torch.from_numpy(layout.weight), torch.from_numpy(tg.call), torch.from_numpy(tg.trajectory),
-                        cfg.normalization)
-    return coef, d, torch.tensor(float(len(np.unique(layout.kl_call))))
-
-
 def step_denominators(batches: Sequence[Batch], cfg: EngineConfig, group=None) -> Denominators:
     """Denominators of one optimizer step: every micro-batch this rank runs, all-reduced over ranks.
 
@@ -157,50 +46,40 @@ def step_denominators(batches: Sequence[Batch], cfg: EngineConfig, group=None) -
     """
     loss, kl = [], []
     for b in batches:
-        _, d, k = _local_denominators(b, layout_for(b, cfg), cfg)
+        layout = layout_for(b, cfg)
+        _, d, k = denominators_of(b, layout, cfg, layout.weight)
         loss.append(d)
         kl.append(k)
     return Denominators(reduce_denominator(loss, group), reduce_denominator(kl, group))
 
 
-# --- the entry point --------------------------------------------------------------------------------
-
-
 def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool = True,
-        denominators: Denominators | None = None) -> EngineResult:
-    """Run ``cfg.method`` + ``cfg.objective`` on ``model`` for ``batch``.
+        denominators: Denominators | None = None, advantages=None, weights=None,
+        old_logprobs=None) -> EngineResult:
+    """Run ``cfg.method`` + ``cfg.objective`` on ``model`` for ``batch``: :func:`~memorywalker.engine.loss`,
+    streamed buffer by buffer.
 
     With ``backward=True`` gradients are accumulated into ``model``'s parameters (``.grad``), by one
-    backward per forward (methods with ``backward="each"``) or one in all (``sdcc``); the optimizer
-    step is the caller's. A batch whose loss is 0 by construction — an objective scaled by the advantage,
-    every advantage 0, no KL term — accumulates nothing and runs no backward. With ``backward=False``
-    nothing is differentiated (evaluation).
+    backward per buffer (methods with ``backward="each"``: one buffer's graph alive at a time) or one in
+    all (``sdcc``); the optimizer step is the caller's. A batch whose loss is 0 by construction — an
+    objective scaled by the advantage, every advantage 0, no KL term — accumulates nothing and runs no
+    backward. With ``backward=False`` nothing is differentiated (evaluation).
     ``denominators`` come from :func:`step_denominators` over every micro-batch of the step; when
     omitted, this batch is the whole step (all-reduced over ranks when torch.distributed is up).
+    ``advantages``, ``weights``, ``old_logprobs``: per-target [N] inputs overriding the batch's.
     """
     cfg = cfg or EngineConfig()
     method, objective = get_method(cfg.method), get_objective(cfg.objective)
-    backend = None
-    if method.schedule == "mask":
-        backend = use_backend(model, cfg.attention) if cfg.attention else backend_of(model)
     layout = layout_for(batch, cfg)
     device = model_device(model)
-    if backend is not None and backend.name == "flex" and backward and device.type != "cuda":
-        raise ValueError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
-                         "or run flex with backward=False")
-    tg = batch.targets
-    n = len(tg)
-
-    coef, d_local, k_local = _local_denominators(batch, layout, cfg)
+    n = len(batch.targets)
+    weight = weights_of(layout, weights)
+    coef, d_local, k_local = denominators_of(batch, layout, cfg, weight)
     if denominators is None:
         denominators = Denominators(reduce_denominator([d_local]), reduce_denominator([k_local]))
     coef = coef.to(device)
     den = denominators.loss.to(device)
-    cols = Columns(
-        advantage=torch.from_numpy(np.asarray(objective.advantage(batch, cfg), dtype=np.float32)).to(device),
-        rollout_logprob=torch.from_numpy(tg.rollout_logprob).to(device),
-        old_logprob=None if batch.old_logprob is None else torch.from_numpy(batch.old_logprob).float().to(device),
-    )
+    cols = columns(batch, objective, cfg, device, advantages=advantages, old_logprobs=old_logprobs)
 
     if backward and objective.scaled_by_advantage and not method.kl and not cols.advantage.any():
         # No target has an advantage (every GRPO group of the batch had equal rewards): the gradient is
@@ -211,34 +90,25 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     stats: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=device)
     pending = torch.zeros((), device=device)  # graph of a one-backward method
-    teacher: torch.Tensor | None = None  # [J, V] detached teacher log-probabilities (sdcc)
     kl_rows = torch.zeros(len(layout.kl_call), device=device)
     passes = {"forwards": 0, "tokens": 0, "backwards": 0}
     grad = torch.enable_grad() if backward else torch.no_grad()
-    with grad:
-        outputs = forward_layout(model, layout, torch.from_numpy(tg.label), method, cfg.max_tokens, backend,
-                                 cfg.temperature)
-        for b, out in enumerate(outputs):
-            buf, logprob, kl_logits = out.buffer, out.logprob, out.kl_logits
+    with grad, use_backend(model, cfg.attention if method.schedule == "mask" else None) as backend:
+        backend = backend if method.schedule == "mask" else None
+        _check_backend(backend, model)
+        for out in stream(model, batch, layout, cfg, backend):
             passes["forwards"] += out.forwards
             passes["tokens"] += out.tokens
-            rows = torch.from_numpy(buf.target_row).to(device)
-            logprobs[rows] = logprob.detach()
+            rows = out.rows
+            logprobs[rows] = out.logprob.detach()
             chunk = torch.zeros((), device=device)
             if len(rows):
-                per_target, st = objective.per_target(logprob, cols.take(rows), cfg)
+                per_target, st = objective.per_target(out.logprob, cols.take(rows), cfg)
                 chunk = aggregate(per_target, coef[rows], den, cfg.dp_size)
                 for k, v in st.items():
                     stats.setdefault(k, torch.full((n,), float("nan"), device=device))[rows] = v.detach()
-            if kl_logits is not None:
-                k_idx = torch.from_numpy(buf.kl_row).to(device)
-                if b < layout.teacher_buffers:
-                    if teacher is None:
-                        teacher = torch.empty(len(layout.kl_call), kl_logits.shape[-1], device=device)
-                    teacher[k_idx] = torch.log_softmax(kl_logits.detach().float(), -1)  # stop-gradient
-                else:
-                    kl = forward_kl(teacher[k_idx], kl_logits)  # [j] per token
-                    kl_rows = kl_rows.index_put((k_idx,), kl, accumulate=True)
+            if out.kl is not None:
+                kl_rows = kl_rows.index_put((out.kl_rows,), out.kl, accumulate=True)
             if method.backward == "each":
                 if backward and chunk.requires_grad:
                     chunk.backward()
@@ -249,8 +119,9 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
 
         eps_kl = None
         if method.kl:
-            eps_kl, kl_term = _kl_term(layout, kl_rows, denominators, cfg, device)
-            pending = pending + kl_term
+            eps_kl = student_means(kl_rows, layout.kl_call)
+            pending = pending + kl_term(eps_kl, denominators, cfg)
+            eps_kl = eps_kl.detach()
         if method.backward == "once":
             if backward and pending.requires_grad:
                 pending.backward()
@@ -259,19 +130,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
 
     metrics = _metrics(batch, layout, passes, logprobs, stats, eps_kl)
     metrics["loss"] = total
-    return EngineResult(total, logprobs, torch.from_numpy(layout.weight), metrics, layout, eps_kl)
-
-
-def _kl_term(layout: Layout, kl_rows: torch.Tensor, den: Denominators, cfg: EngineConfig, device):
-    """eps_kl per student (mean per-token KL) and the loss term λ · Σ_j eps_j / J · dp_size."""
-    if not len(layout.kl_call):
-        return torch.zeros(0, device=device), torch.zeros((), device=device)
-    uniq, inv = np.unique(layout.kl_call, return_inverse=True)
-    inv = torch.from_numpy(inv).to(device)
-    counts = torch.zeros(len(uniq), device=device).index_add_(0, inv, torch.ones_like(kl_rows))
-    eps = torch.zeros(len(uniq), device=device).index_add(0, inv, kl_rows) / counts  # mean KL per student
-    term = cfg.sdcc_lambda * eps.sum() / den.kl.to(device=device, dtype=eps.dtype).clamp(min=1) * cfg.dp_size  # λ · mean_j KL_j
-    return eps.detach(), term
+    return EngineResult(total, logprobs, torch.from_numpy(weight), metrics, layout, eps_kl)
 
 
 def _metrics(batch: Batch, layout: Layout, passes: dict[str, int], logprobs: torch.Tensor,

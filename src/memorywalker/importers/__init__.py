@@ -25,7 +25,7 @@ from memorywalker.importers import (
     swe_agent,
 )
 from memorywalker.importers.base import IMPORT_REASONS, ImportOptions, ImportReject, ImportResult
-from memorywalker.importers.redact import Redactor
+from memorywalker.importers.redact import Redactor, redact_import
 
 Importer = Callable[[list[Path], ImportOptions], ImportResult]
 
@@ -53,12 +53,11 @@ def get_importer(name: str) -> Importer:
 
 
 def run_import(name: str, paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    """Import ``paths`` with the importer ``name``; redact every trajectory when asked."""
+    """Import ``paths`` with the importer ``name``; redact every trajectory and reject when asked."""
     options = options or ImportOptions()
     result = get_importer(name)([Path(p) for p in paths], options)
-    if options.redact:
-        redactor = Redactor()
-        result.trajectories = [redactor.trajectory(t) for t in result.trajectories]
+    if options.redact:  # detect over every trajectory and reject first, then replace everywhere
+        redactor = redact_import(result)
         result.notes.update({f"redacted:{k}": v for k, v in redactor.counts.items()})
     return result
 

@@ -8,6 +8,7 @@ snapshots, ...), *rejected* ones carry a reason code from :data:`IMPORT_REASONS`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections import Counter
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.records import RecordError, Trajectory, TrajectoryBuilder
+from memorywalker.records.limits import RecordLimits, check_size, loads
 
 IMPORT_REASONS: dict[str, str] = {
     "unreadable_file": "the file could not be opened or decoded",
     "bad_json": "a line (or the file) is not valid JSON",
     "truncated_line": "the final line has no newline and does not parse: the file was cut off mid-record",
+    "record_too_large": "a JSONL line is longer than the per-record size limit (MEMORYWALKER_MAX_RECORD_BYTES)",
+    "too_deep": "a record nests deeper than the depth limit (MEMORYWALKER_MAX_RECORD_DEPTH)",
     "not_an_object": "a record is not a JSON object",
     "bad_format": "the file does not have the structure this format expects",
     "unknown_record_type": "a record type this importer does not know; it is not sent to the model",
@@ -131,7 +135,10 @@ def files_under(paths: list[Path], pattern: str = "*.jsonl") -> Iterator[Path]:
 
 
 def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line number, object)`` for every good line; reject the others (counted as read)."""
+    """Yield ``(line number, object)`` for every good line; reject the others (counted as read), among
+    them lines over the size or depth limit (:mod:`memorywalker.records.limits`): one such line never
+    stops the file, let alone the import."""
+    limits = RecordLimits.from_env()
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -144,7 +151,11 @@ def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
             continue
         result.read += 1
         try:
-            obj = json.loads(raw.decode("utf-8"))
+            check_size(len(raw), limits)
+            obj = loads(raw.decode("utf-8"), limits)
+        except RecordError as e:
+            result.reject(path, i, e.code, f"line {i}: {e.message}")
+            continue
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             final = i - 1 == last  # no newline after it
             result.reject(path, i, "truncated_line" if final else "bad_json", f"line {i}: {e}")
@@ -160,18 +171,29 @@ def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
 
 
 def read_json(path: Path, result: ImportResult) -> Any:
-    """A whole-file JSON document, or None (rejected as unreadable / bad / truncated)."""
+    """A whole-file JSON document, or None (rejected as unreadable / bad / truncated / too deep). Only
+    the depth limit applies: a whole-file trajectory (SWE-agent) may legitimately be large."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         result.reject(path, None, "unreadable_file", str(e))
         return None
     try:
-        return json.loads(text)
+        return loads_deep_limited(text)
+    except RecordError as e:
+        result.reject(path, None, e.code, f"{path.name}: {e.message}")
+        return None
     except json.JSONDecodeError as e:
         reason = "truncated_line" if e.pos >= len(text.rstrip()) - 1 else "bad_json"
         result.reject(path, None, reason, f"{path.name}: {e}")
         return None
+
+
+def loads_deep_limited(text: str | bytes) -> Any:
+    """``json.loads`` with the depth limit only; a :class:`~memorywalker.records.RecordError`
+    (``too_deep``) for hostile nesting instead of a ``RecursionError``."""
+    limits = RecordLimits.from_env()
+    return loads(text, dataclasses.replace(limits, max_bytes=len(text)))
 
 
 def carried(obj: Any, limit: int = 600) -> str:
@@ -274,8 +296,8 @@ def parse_arguments(args: Any) -> dict | str:
         return args
     if isinstance(args, str):
         try:
-            parsed = json.loads(args)
-        except json.JSONDecodeError:
+            parsed = loads_deep_limited(args)
+        except (json.JSONDecodeError, RecordError):  # not JSON, or hostile nesting: kept as the raw string
             return args
         return parsed if isinstance(parsed, dict) else args
     return {} if args is None else str(args)

@@ -31,8 +31,15 @@ from typing import Any
 
 from memorywalker.importers import billed
 from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, blocks, import_tasks, read_history
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    carried,
+    loads_deep_limited,
+    read_json,
+    wrong_key_field,
+)
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "cline"
 _SUMMARIZE_TOOLS = {"summarize_task", "condense"}
@@ -54,9 +61,10 @@ def _ui_requests(ui: list) -> dict[int, dict[str, Any]]:
         if m.get("say") == "api_req_started":
             slot["ts"] = m.get("ts")
             try:
-                slot["info"] = json.loads(m.get("text") or "{}")
-            except (TypeError, json.JSONDecodeError):
-                slot["info"] = {}
+                info = loads_deep_limited(m.get("text") or "{}")
+            except (TypeError, json.JSONDecodeError, RecordError):  # no billed evidence: the call is unchecked
+                info = {}
+            slot["info"] = info if isinstance(info, dict) else {}
         elif isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) for x in rng):
             slot["range"] = tuple(rng)
         elif "range" not in slot:

@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import claude_code, codex, pi
-from memorywalker.importers.base import ImportOptions, ImportResult
+from memorywalker.importers.base import ImportOptions, ImportResult, loads_deep_limited
 from memorywalker.importers.claude_code.records import NOT_SENT as CLAUDE_NOT_SENT
+from memorywalker.records import RecordError
+from memorywalker.records.limits import RecordLimits, check_depth, loads
 
 FORMAT = "hf-traces"
 HARNESSES: dict[str, Callable[[list[Path], ImportOptions], ImportResult]] = {
@@ -62,15 +64,18 @@ def detect(records: Iterable[dict]) -> str | None:
 
 
 def _head(path: Path, n: int = 50) -> list[dict]:
+    """The first ``n`` good records of a file, to recognize it (bad, oversized or too deeply nested lines
+    are passed over here; the harness importer rejects them with their reasons)."""
     out = []
+    limits = RecordLimits.from_env()
     try:
         with open(path, "rb") as f:
             for raw in f:
                 if len(out) >= n:
                     break
                 try:
-                    obj = json.loads(raw)
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                    obj = loads(raw, limits)
+                except (UnicodeDecodeError, json.JSONDecodeError, RecordError):
                     continue
                 if isinstance(obj, dict):
                     out.append(obj)
@@ -107,14 +112,14 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
 
 def _clean(x: Any, key: str | None = None) -> Any:
     """A row value as the record field it was: nulls of the shared schema dropped, JSON text of nested
-    fields parsed."""
+    fields parsed (depth-limited: a :class:`RecordError` ``too_deep`` for hostile nesting)."""
     if isinstance(x, dict):
         return {k: _clean(v, k) for k, v in x.items() if v is not None}
     if isinstance(x, list):
         return [_clean(v) for v in x if v is not None]
     if isinstance(x, str) and key in _NESTED and x[:1] in "{[":
         try:
-            return _clean(json.loads(x))
+            return _clean(loads_deep_limited(x))
         except json.JSONDecodeError:
             return x
     return x
@@ -183,8 +188,16 @@ def _groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
 def import_rows(path: Path, options: ImportOptions) -> ImportResult:
     """A Parquet file or SQLite database of trace records: each group of rows as one session file."""
     result = ImportResult()
+    limits = RecordLimits.from_env()
+    rows = []
     try:
-        rows = [_clean(r) for r in _rows(path)]
+        for i, r in enumerate(_rows(path), 1):
+            try:
+                check_depth(r, limits)  # before the recursive _clean and json.dumps
+                rows.append(_clean(r))
+            except RecordError as e:  # this row only; the rows around it are kept
+                result.read += 1
+                result.reject(path, i, e.code, f"row {i}: {e.message}")
     except (OSError, sqlite3.Error, ValueError) as e:
         result.reject(path, None, "unreadable_file", f"{path.name}: {e}")
         return result

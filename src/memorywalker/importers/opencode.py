@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    carried,
+    loads_deep_limited,
+    read_json,
+    wrong_key_field,
+)
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "opencode"
 CLEARED = "[Old tool result content cleared]"
@@ -97,19 +104,22 @@ def _read_db(con: sqlite3.Connection, path: Path, result: ImportResult) -> None:
     for sid, sdata in sessions:
         if isinstance(sdata, str) or sdata is None:
             try:
-                sdata = json.loads(sdata or "{}")
-            except json.JSONDecodeError as e:
+                sdata = loads_deep_limited(sdata or "{}")
+            except (json.JSONDecodeError, RecordError) as e:
                 result.read += 1
-                result.reject(path, None, "bad_json", f"session {sid}: {e}")
+                result.reject(path, None, e.code if isinstance(e, RecordError) else "bad_json", f"session {sid}: {e}")
                 continue
         msgs: list[Any] = []
         for mid, mdata in con.execute(f"select id, data from message where session_id = ? order by {order}", (sid,)):
             try:
-                info = {"id": mid, "sessionID": sid, **json.loads(mdata)}
-                parts = [{"id": pid, "messageID": mid, "sessionID": sid, **json.loads(d)} for pid, d in con.execute(
-                    "select id, data from part where message_id = ? order by id", (mid,))]
+                info = {"id": mid, "sessionID": sid, **loads_deep_limited(mdata)}
+                parts = [{"id": pid, "messageID": mid, "sessionID": sid, **loads_deep_limited(d)} for pid, d in
+                         con.execute("select id, data from part where message_id = ? order by id", (mid,))]
+            except RecordError as e:
+                msgs.append((e.code, f"message {mid}: {e.message}"))
+                continue
             except (json.JSONDecodeError, TypeError) as e:
-                msgs.append(f"message {mid}: data is not a JSON object ({e})")
+                msgs.append(("bad_json", f"message {mid}: data is not a JSON object ({e})"))
                 continue
             msgs.append({"info": info, "parts": parts})
         import_session({"id": sid, **sdata}, msgs, path, result)
@@ -293,8 +303,8 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
     s = _Session(info, source, result)
     for k, entry in enumerate(messages):
         result.read += 1
-        if isinstance(entry, str):  # a database row whose JSON did not parse
-            result.reject(source, k, "bad_json", entry)
+        if isinstance(entry, tuple):  # a database row whose JSON did not parse: (reason, message)
+            result.reject(source, k, *entry)
             continue
         mi = entry.get("info") if isinstance(entry, dict) else None
         parts = entry.get("parts") if isinstance(entry, dict) else None

@@ -28,13 +28,14 @@ from memorywalker.importers.base import (
     as_list,
     as_text,
     carried,
+    loads_deep_limited,
     opt_str,
     parse_arguments,
     read_json,
     read_jsonl,
     wrong_key_field,
 )
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "openhands"
 # Not in state.history (StateTracker.agent_history_filter): never in the view, never counted in offsets.
@@ -81,10 +82,10 @@ def import_session_dir(folder: Path, result: ImportResult) -> None:
     events: dict[int, Any] = {}
     for f in (folder / "events").glob("*.json"):
         try:
-            e = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            e = loads_deep_limited(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as err:
             result.read += 1  # one event per file: a bad file is one rejected record
-            result.reject(f, 0, "bad_json", f"{f.name}: {err}")
+            result.reject(f, 0, err.code if isinstance(err, RecordError) else "bad_json", f"{f.name}: {err}")
             continue
         if f.stem.isdigit():
             events[int(f.stem)] = e

@@ -32,8 +32,15 @@ from typing import Any
 
 from memorywalker.importers import billed
 from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, import_tasks, read_history
-from memorywalker.importers.base import ImportOptions, ImportResult, carried, read_json, wrong_key_field
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    carried,
+    loads_deep_limited,
+    read_json,
+    wrong_key_field,
+)
+from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "roo-code"
 
@@ -89,8 +96,8 @@ def _ui(folder: Path, result: ImportResult) -> tuple[dict[str, float], list[tupl
             truncations[str(m["contextTruncation"].get("truncationId"))] = m["ts"]
         elif m.get("say") == "api_req_started":
             try:
-                info = json.loads(m.get("text") or "{}")
-            except (TypeError, json.JSONDecodeError):
+                info = loads_deep_limited(m.get("text") or "{}")
+            except (TypeError, json.JSONDecodeError, RecordError):  # no billed evidence: the call is unchecked
                 info = {}
             requests.append((m["ts"], info if isinstance(info, dict) else {}))
     return truncations, requests

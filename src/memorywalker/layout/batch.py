@@ -7,6 +7,15 @@ per-target values aligned to it, whatever buffers it computed them in.
 >>> batch = Batch.from_groups([[rendered_a], [rendered_b, rendered_c]])   # doctest: +SKIP
 >>> len(batch.trees), batch.num_trajectories, len(batch.targets)          # doctest: +SKIP
 (2, 3, 412)
+
+A trainer that already holds token ids builds the same batch without records (:class:`TokenCall`): each
+call is its delivered sequence ``S_t`` and where its response starts. A compaction is simply a call
+whose ids do not extend the previous call's:
+
+>>> calls = [TokenCall([1, 2, 3, 4], 3), TokenCall([1, 2, 3, 4, 5, 6], 5), TokenCall([1, 9, 7], 2)]
+>>> b = Batch.from_token_ids([calls])
+>>> len(b.trees[0]), len(b.targets), [c.segment for c in b.calls]      # 1 2 3 4 5 6 + 9 7; three targets
+(8, 3, [0, 0, 1])
 """
 
 from __future__ import annotations
@@ -16,8 +25,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memorywalker.render.render import RenderedTrajectory
+from memorywalker.records.schema import Trajectory
+from memorywalker.render.render import ROLE_ID, RenderedCall, RenderedTrajectory
 from memorywalker.tree.tree import CallRow, ConditioningTree, Targets
+
+
+@dataclass(frozen=True)
+class TokenCall:
+    """One model call as a trainer holds it: the delivered token ids ``S_t`` (context then response)."""
+
+    token_ids: Sequence[int]
+    response_start: int  # token_ids[response_start:] is the response
+    targets: Sequence[int] | None = None  # trained positions in token_ids; default: the whole response
+    rollout_logprobs: Sequence[float] | None = None  # the sampler's logprob of each target, when recorded
+
+    def rendered(self, index: int) -> RenderedCall:
+        ids = [int(t) for t in self.token_ids]
+        if not 0 < self.response_start <= len(ids):
+            raise ValueError(f"call {index}: response_start {self.response_start} outside 1..{len(ids)}")
+        targets = list(range(self.response_start, len(ids))) if self.targets is None else [int(t) for t in self.targets]
+        if any(not 0 < t < len(ids) for t in targets):
+            raise ValueError(f"call {index}: a target position is outside 1..{len(ids) - 1} (position 0 has no context)")
+        lps = [None] * len(targets) if self.rollout_logprobs is None else [float(x) for x in self.rollout_logprobs]
+        if len(lps) != len(targets):
+            raise ValueError(f"call {index}: {len(lps)} rollout logprobs for {len(targets)} targets")
+        roles = [ROLE_ID["context"]] * self.response_start + [ROLE_ID["assistant"]] * (len(ids) - self.response_start)
+        return RenderedCall(index, f"call-{index}", ids, roles, self.response_start, targets, lps, bool(targets),
+                            None if targets else "no_targets", span_method="recorded")
 
 
 @dataclass
@@ -63,6 +97,21 @@ class Batch:
         trees = [ConditioningTree.build(list(g)) for g in groups]
         rewards = [[np.nan if rt.trajectory.reward is None else rt.trajectory.reward for rt in g] for g in groups]
         return cls.from_trees(trees, rewards=rewards, rendered=[list(g) for g in groups])
+
+    @classmethod
+    def from_token_ids(cls, episodes: Sequence[Sequence[TokenCall]], *, rewards: Sequence[float] | None = None,
+                       groups: Sequence[Sequence[int]] | None = None, ids: Sequence[str] | None = None) -> Batch:
+        """A batch from token ids: ``episodes[i]`` is one trajectory's calls in order. ``groups`` (lists
+        of episode indices) merge episodes into one forest each (a GRPO group; default: one tree per
+        episode); ``rewards`` [len(episodes)] for GRPO; ``ids`` name the trajectories."""
+        ids = list(ids) if ids is not None else [f"episode-{i}" for i in range(len(episodes))]
+        rendered = []
+        for i, calls in enumerate(episodes):
+            reward = None if rewards is None else float(rewards[i])
+            traj = Trajectory(id=ids[i], messages=[], calls=[], reward=reward)
+            rendered.append(RenderedTrajectory(traj, [c.rendered(k) for k, c in enumerate(calls)]))
+        groups = [[i] for i in range(len(episodes))] if groups is None else groups
+        return cls.from_groups([[rendered[i] for i in g] for g in groups])
 
     @classmethod
     def from_trees(cls, trees: Sequence[ConditioningTree], *, rewards: Sequence[Sequence[float]] | None = None,

@@ -28,6 +28,7 @@ import torch
 
 from memorywalker.engine import EngineConfig, get_method, needs_full_view
 from memorywalker.engine.forward import forward_layout, model_device
+from memorywalker.engine.head import OutputHead, chunked_total_variation
 from memorywalker.layout.batch import Batch
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.records.schema import Trajectory
@@ -78,37 +79,33 @@ def in_bucket(count: torch.Tensor, bucket: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def method_outputs(model, batch: Batch, method: str, *, with_logits: bool, temperature: float = 1.0
+def method_outputs(model, batch: Batch, method: str, *, with_hidden: bool, temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-target trainer logprobs [N] (NaN where the method lost a target) and, if asked, the
-    next-token logits at every target's predicting position [N, V] (NaN rows where lost), both of the
-    logits divided by ``temperature``."""
+    """Per-target trainer logprobs [N] of the logits divided by ``temperature`` (NaN where the method
+    lost a target) and, if asked, the hidden states at every target's predicting position [N, H] (NaN
+    rows where lost): the head's input, whose distributions :func:`chunked_total_variation` compares a
+    chunk at a time."""
     cfg = EngineConfig(method=method, temperature=temperature)
     m = get_method(method)
     layout = m.build_layout(batch, cfg)
-    if with_logits:  # full distributions at the target positions, through each buffer's KL channel
+    if with_hidden:  # hidden states at the target positions, through each buffer's KL channel
         layout = replace(layout, buffers=[replace(b, kl_row=np.arange(len(b.target_row)), kl_pred=b.target_pred)
                                           for b in layout.buffers if len(b.target_row)])
     device = model_device(model)
     n = len(batch.targets)
     logprobs = torch.full((n,), float("nan"), device=device)
-    logits = None
+    hidden = None
     for out in forward_layout(model, layout, torch.from_numpy(batch.targets.label), m, cfg.max_tokens,
                               temperature=temperature):
         if not len(out.buffer.target_row):
             continue  # e.g. sdcc's student buffers: the trainer's logprobs come from the full view
         rows = torch.from_numpy(out.buffer.target_row).to(device)
         logprobs[rows] = out.logprob
-        if with_logits:
-            if logits is None:
-                logits = torch.full((n, out.kl_logits.shape[-1]), float("nan"), device=device)
-            logits[rows] = out.kl_logits.float()
-    return logprobs, logits
-
-
-def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Total variation per row between softmax(a) and softmax(b): ½ Σ_v |p − q|. [N, V] -> [N]."""
-    return 0.5 * (torch.softmax(a, -1) - torch.softmax(b, -1)).abs().sum(-1)
+        if with_hidden:
+            if hidden is None:
+                hidden = out.kl_hidden.new_full((n, out.kl_hidden.shape[-1]), float("nan"))
+            hidden[rows] = out.kl_hidden
+    return logprobs, hidden
 
 
 def _summarize(logp: torch.Tensor, rollout: torch.Tensor, call: torch.Tensor, tv: torch.Tensor | None,
@@ -182,6 +179,7 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     "logprob": {method: [...]}}``, None where a value is absent (a lost target, no recorded logprob).
     """
     model.eval()
+    head = OutputHead.of(model)
     full_view = needs_full_view(methods)
     rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
     per_method: dict[str, dict[str, list]] = {m: {"logp": [], "tv": []} for m in methods}
@@ -203,17 +201,18 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
         branches.append(torch.from_numpy(segment))
         evictions.append(torch.from_numpy(before[call_index]))
         call_base += batch.num_calls
-        ref_logits = None
+        ref_hidden = None
         temperature = sampling_temperature(trajectories[i])
         if drift:
-            _, ref_logits = method_outputs(model, batch, "per-call", with_logits=True, temperature=temperature)
+            _, ref_hidden = method_outputs(model, batch, "per-call", with_hidden=True, temperature=temperature)
         per_call = _per_call_rows(batch, tokens, trajectories[i].id)
         for m in methods:
-            lp, lg = method_outputs(model, batch, m, with_logits=drift, temperature=temperature)
+            lp, hid = method_outputs(model, batch, m, with_hidden=drift, temperature=temperature)
             per_method[m]["logp"].append(lp.cpu())
             _fill_per_call(per_call, batch, m, lp.cpu())
-            if drift and lg is not None and ref_logits is not None:
-                per_method[m]["tv"].append(_tv(lg, ref_logits).cpu())
+            if drift and hid is not None and ref_hidden is not None:
+                tv = chunked_total_variation(head, hid, ref_hidden, temperature=temperature)
+                per_method[m]["tv"].append(tv.cpu())
             elif drift:
                 per_method[m]["tv"].append(torch.full((len(tg),), float("nan")))
 

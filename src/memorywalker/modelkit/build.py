@@ -83,15 +83,23 @@ def build_model(
     intermediate_size: int | None = None,
     max_positions: int = 8192,
     seed: int = 0,
+    vocab_size: int | None = None,
+    head_dim: int | None = None,
 ) -> Path:
-    """Save a randomly initialised causal LM of ``arch`` (one of :data:`ARCHS`) sized to the tokenizer."""
+    """Save a randomly initialised causal LM of ``arch`` (one of :data:`ARCHS`) sized to the tokenizer.
+
+    ``vocab_size`` (default: the tokenizer's) may be larger, as a real model's is (e.g. 151,936 with
+    the kit tokenizer: the cost of a real vocabulary at the kit's width); ``head_dim`` defaults to
+    ``hidden_size // num_heads``."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if vocab_size is not None and vocab_size < len(tok):
+        raise ValueError(f"vocab_size {vocab_size} < the tokenizer's {len(tok)} entries")
     common = dict(
-        vocab_size=len(tok),
+        vocab_size=vocab_size or len(tok),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers,
@@ -102,6 +110,7 @@ def build_model(
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
+        **({"head_dim": head_dim} if head_dim else {}),
     )
     if arch == "llama":
         config, cls = LlamaConfig(**common), LlamaForCausalLM

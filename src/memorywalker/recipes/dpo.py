@@ -40,9 +40,9 @@ from pydantic import field_validator
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, Denominators, EngineConfig, get_method, run
+from memorywalker.fileio import atomic_write
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
-from memorywalker.records.io import TrajectoryReader
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.train.adapter import (
     engine_model,
@@ -52,11 +52,12 @@ from memorywalker.train.adapter import (
 from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.inputs import FitsModel, model_positions, read_records
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows, write_training_manifest
-from memorywalker.train.model import load_model
+from memorywalker.train.model import load_model, load_tokenizer
 from memorywalker.train.refcache import RefCache, ref_settings, reference_sums, weights_hash
-from memorywalker.train.rundir import check_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -169,41 +170,45 @@ def pair_step(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: Engin
 
 def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, trajectories=None,
           progress: bool = True) -> TrainResult:
-    """Run the recipe on ``cfg.data`` / ``cfg.pairs`` (or the given ``trajectories`` / ``pairs`` ids)."""
+    """Run the recipe on ``cfg.data`` / ``cfg.pairs`` (or the given ``trajectories`` / ``pairs`` ids).
+    The run dir is this process's until the run ends (a second process on it is refused)."""
+    if cfg.parallel != "ddp":  # the sharded (fsdp) step is built for sft and rl only
+        raise ConfigError("dpo runs with parallel=ddp only (fsdp is not built for the dpo recipe yet)")
+    with owned_run_dir(cfg, "dpo"):
+        return _train(cfg, pairs=pairs, trajectories=trajectories, progress=progress)
+
+
+def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResult:
     from memorywalker.recipes.sft import step_trajectories
 
     # --- setup: ranks, inputs (checked before the model loads) ----------------------------------------
-    if cfg.parallel != "ddp":  # the sharded (fsdp) step is built for sft and rl only
-        raise ConfigError("dpo runs with parallel=ddp only (fsdp is not built for the dpo recipe yet)")
     info = init_distributed()
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)
     barrier()
-    if trajectories is None:
-        if cfg.data is None:
-            raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        reader = TrajectoryReader(cfg.data, rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl")
-        trajectories = list(reader)
-        if not trajectories:
-            raise ValueError(f"data {cfg.data}: no valid trajectory ({reader.summary})")
+    if trajectories is None and cfg.data is None:
+        raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
+    # The tokenizer first: out-of-vocabulary ids and over-long calls are set aside before the model loads.
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
+                     full_view=get_method(cfg.method).full_view)  # as in sft/rl: sdcc trains on the full view
+    trajectories = read_records("dpo", cfg.data, trajectories, tokenizer=tokenizer, check=fits,
+                                rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl", verbose=info.is_main)
     if pairs is None:
         pairs = read_pairs(cfg.pairs) if cfg.pairs else rule_pairs(trajectories, cfg.rule,
                                                                    max_pairs_per_task=cfg.max_pairs_per_task)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model, _ = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: both engine passes of a step compute the same function
     base_hash = weights_hash(model)
 
-    # --- pairs: render, admit (identical context before the branch), reject with a reason -------------
-    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
-    full_view = get_method(cfg.method).full_view  # as in sft/rl: sdcc trains on the uncompressed transcript
-    rendered = {t.id: renderer.render(t, full_view=full_view) for t in trajectories}
+    # --- pairs: admit (identical context before the branch), reject with a reason ----------------------
+    rendered = fits.rendered  # by trajectory id, rendered while they were read
     admitted, rejected = admit_pairs(rendered, pairs, cfg.scored)
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "pair_rejects.jsonl", "w", encoding="utf-8") as f:
+        with atomic_write(run_dir / "pair_rejects.jsonl") as f:
             f.writelines(json.dumps(r) + "\n" for r in rejected)
         print(f"dpo: {len(pairs)} pairs: {len(admitted)} admitted, {len(rejected)} rejected"
               + (f" (reasons in {run_dir / 'pair_rejects.jsonl'})" if rejected else ""))
@@ -213,7 +218,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 
     # --- reference sums, once (before any update or resume), through the cache -------------------------
     engine = EngineConfig(method=cfg.method, objective="nll", normalization="token", attention=cfg.attention,
-                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks)
     ref_model = model
     if cfg.ref_model is not None:
         ref_model, _ = load_model(cfg.ref_model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
@@ -227,8 +233,10 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 
     # --- model: adapter, optimizer, resume ----------------------------------------------------------------
     model, optimizer = prepare_training(model, cfg, info)  # adapter, then AdamW (dpo refuses fsdp)
-    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main, clean_up=info.is_main)
     start = state["step"] if state else 0
+    inputs = input_hashes(tokenizer, trajectories, data=cfg.data, pairs=cfg.pairs)  # a resume compares them
+    check_resumed(cfg, state, inputs)
     if info.is_main:
         record_config(cfg)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
@@ -261,7 +269,7 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             if info.is_main:
                 save_checkpoint(run_dir, step + 1, model, optimizer, {"data_position": (step + 1) * cfg.batch_size,
-                                                                      "num_pairs": len(admitted)},
+                                                                      "num_pairs": len(admitted), "inputs": inputs},
                                 keep=cfg.keep_checkpoints)
             barrier()
     bar.close()

@@ -61,7 +61,7 @@ from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
 from memorywalker.train.refcache import weights_hash
-from memorywalker.train.rundir import check_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -145,7 +145,13 @@ def next_tasks(env, suite: str, split: str, cursor: int, n: int) -> tuple[list[T
 def train(cfg: RLConfig, *, progress: bool = True, env=None,
           reward_fn: Callable[[Trajectory], float] | None = None) -> TrainResult:
     """Run the recipe. ``env`` replaces the configured environment (any
-    :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward."""
+    :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward. The
+    run dir is this process's until the run ends (a second process on it is refused)."""
+    with owned_run_dir(cfg, "rl"):
+        return _train(cfg, progress=progress, env=env, reward_fn=reward_fn)
+
+
+def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
     info = init_distributed(cfg.collective_timeout)
@@ -158,8 +164,10 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
     model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
-    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main, clean_up=info.is_main)
     start, cursor = (state["step"], state["task_cursor"]) if state else (0, 0)
+    inputs = input_hashes(tokenizer)  # the same tokenizer and chat template on resume (or --override-config)
+    check_resumed(cfg, state, inputs)
     if info.is_main:
         record_config(cfg)
 
@@ -173,6 +181,7 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                           grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
@@ -244,8 +253,8 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_step(run_dir, step + 1, model, optimizer, {"task_cursor": cursor}, keep=cfg.keep_checkpoints,
-                      info=info)  # fsdp: sharded (DCP) on every rank
+            save_step(run_dir, step + 1, model, optimizer, {"task_cursor": cursor, "inputs": inputs},
+                      keep=cfg.keep_checkpoints, info=info)  # fsdp: sharded (DCP) on every rank
     bar.close()
     logger.close()
 

@@ -27,7 +27,6 @@ import torch
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
-from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.train.adapter import (
@@ -39,11 +38,12 @@ from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, init_distributed
 from memorywalker.train.fsdp import gathered, save_model, save_step
+from memorywalker.train.inputs import FitsModel, model_positions, read_records
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows, write_training_manifest
-from memorywalker.train.model import load_model
+from memorywalker.train.model import load_model, load_tokenizer
 from memorywalker.train.refcache import weights_hash
-from memorywalker.train.rundir import check_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -84,7 +84,13 @@ def step_trajectories(n: int, batch_size: int, step: int, seed: int) -> list[int
 
 
 def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True) -> TrainResult:
-    """Run the recipe on ``cfg.data``, or on ``trajectories`` when given."""
+    """Run the recipe on ``cfg.data``, or on ``trajectories`` when given. The run dir is this process's
+    until the run ends (a second process on it is refused)."""
+    with owned_run_dir(cfg, "sft"):
+        return _train(cfg, trajectories=trajectories, progress=progress)
+
+
+def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: bool) -> TrainResult:
 
     # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
     info = init_distributed(cfg.collective_timeout)
@@ -92,29 +98,28 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     run_dir = Path(cfg.run_dir)
     check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
     barrier()  # every rank checks before rank 0 writes config.json
-    if trajectories is None:
-        if cfg.data is None:
-            raise ConfigError("sft needs data=FILE (a trajectory JSONL) or trajectories passed to train()")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        reader = TrajectoryReader(cfg.data, rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl")
-        trajectories = list(reader)
-        if not trajectories:
-            raise ValueError(f"data {cfg.data}: no valid trajectory ({reader.summary}"
-                             f"{'; reasons in ' + str(reader.rejects_path) if reader.summary.rejected else ''})")
-        if info.is_main and reader.summary.rejected:
-            print(f"sft: {reader.summary}")  # rejected records are in the rejects file, with reasons
+    if trajectories is None and cfg.data is None:
+        raise ConfigError("sft needs data=FILE (a trajectory JSONL) or trajectories passed to train()")
+    # The tokenizer first: recorded ids it does not have, and calls longer than the model's positions,
+    # are set aside with their reason (rejects file) before anything else is written or run.
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
+                     full_view=get_method(cfg.method).full_view)  # sdcc trains on the uncompressed transcript
+    trajectories = read_records("sft", cfg.data, trajectories, tokenizer=tokenizer, check=fits,
+                                rejects_path=run_dir / f"rejects.rank{info.rank}.jsonl", verbose=info.is_main)
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
-    model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    model, _ = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.train()
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
     model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
-    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main)
+    state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main, clean_up=info.is_main)
     start = state["step"] if state else 0
+    inputs = input_hashes(tokenizer, trajectories, data=cfg.data)  # in every checkpoint; a resume compares
+    check_resumed(cfg, state, inputs)  # never rewound; the same data and tokenizer (or --override-config)
 
-    # --- data: render, keep the trajectories that have targets -------------------------------------------
-    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
-    full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
-    rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
+    # --- data: keep the trajectories that have targets (rendered while they were read) ---------------------
+    rendered = [fits.rendered[t.id] for t in trajectories]
     data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
@@ -126,7 +131,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     if info.is_main:
         record_config(cfg)
     engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
-                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda)
+                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
+                          checkpoint_chunks=cfg.checkpoint_chunks)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 
@@ -155,7 +161,7 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_step(run_dir, step + 1, model, optimizer, {  # fsdp: sharded (DCP) on every rank
-                "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data)},
+                "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data), "inputs": inputs},
                 keep=cfg.keep_checkpoints, info=info)
     bar.close()
     logger.close()

@@ -10,6 +10,7 @@ from memorywalker.records.io import (
     read_trajectories,
     write_trajectories,
 )
+from memorywalker.records.limits import RecordLimits
 from memorywalker.records.schema import (
     SCHEMA_VERSION,
     Call,
@@ -34,6 +35,7 @@ __all__ = [
     "Message",
     "ReadSummary",
     "RecordError",
+    "RecordLimits",
     "Reject",
     "Task",
     "ToolCall",

@@ -20,6 +20,8 @@ REASONS: dict[str, str] = {
     "non_utf8": "the line is not valid UTF-8",
     "bad_json": "the line is not valid JSON",
     "truncated_line": "the final line has no newline and does not parse: the file was cut off mid-record",
+    "record_too_large": "the line is longer than the per-record size limit (MEMORYWALKER_MAX_RECORD_BYTES)",
+    "too_deep": "arrays/objects nest deeper than the per-record depth limit (MEMORYWALKER_MAX_RECORD_DEPTH)",
     "not_an_object": "the JSON value is not an object",
     "schema_version": "the 'schema' field is missing or names a version this reader does not know",
     "duplicate_trajectory_id": "a trajectory with the same id was already accepted from this input",
@@ -52,6 +54,8 @@ REASONS: dict[str, str] = {
     "top_logprobs_length_mismatch": "rollout_top_logprobs has a different length than response_tokens",
     "invalid_logprob": "a rollout log-probability is NaN, infinite or positive",
     "invalid_reward": "the reward is NaN or infinite",
+    # what a model can take (readers that feed a model)
+    "too_long": "a call renders to more tokens than the model has positions (max_seq_len); set aside before any forward",
 }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
+from memorywalker.records.validate import RecordError
 from memorywalker.render.render import KNOWN_EOT, message_to_hf
 from memorywalker.rollout.compress import Compressor, make_compressor
 from memorywalker.rollout.env import Environment
@@ -177,6 +178,7 @@ class Episode:
             finish = "tool_calls" if calls else "stop"
         else:
             response_ids = list(out.token_ids or [])
+            self._check_vocab(response_ids, out.top_logprobs)
             ended = bool(response_ids) and response_ids[-1] in self.eot_ids
             text = self.tok.decode(response_ids[:-1] if ended else response_ids)
             parsed = parse_response(text)
@@ -194,6 +196,16 @@ class Episode:
                     response_tokens=response_ids, rollout_logprobs=logprobs, rollout_top_logprobs=tops,
                     finish_reason=finish, purpose=purpose, meta={"prompt_tokens": len(prompt_ids), **out.meta})
         return rid, text, calls if error is None else [], error
+
+    def _check_vocab(self, ids: list[int], tops) -> None:
+        """Sampled ids the tokenizer does not have mean the server runs another tokenizer: nothing of this
+        episode is written (the ones before it are), and the run stops with one line."""
+        vocab = len(self.tok)
+        ids = [*ids, *(t for row in tops or [] for t, _ in row)]
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RecordError("token_out_of_vocab", f"policy {self.policy.name} returned token id {bad}, which the "
+                              f"tokenizer does not have (vocab size {vocab}): is --tokenizer the served model's?")
 
     def _response_message(self, content: str, calls: list[tuple[str, dict | str]],
                           reasoning: str | None = None) -> Message:

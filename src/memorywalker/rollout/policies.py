@@ -16,6 +16,7 @@ the harness records as the call's ``context_tokens``.
 
 from __future__ import annotations
 
+import http.client
 import inspect
 import json
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from memorywalker.records.schema import Message, Task
+from memorywalker.rollout.endpoint import ErrorAnswer, post_within
 
 PURPOSES = ("act", "summarize", "fold")
 
@@ -272,9 +274,11 @@ class OpenAIPolicy:
     Token ids are taken from ``choices[0].token_ids`` (vLLM ``return_token_ids``), else from
     ``logprobs.tokens`` entries of the form ``token_id:N`` (vLLM ``--return-tokens-as-token-ids``).
 
-    A refused or dropped connection, a timeout (``timeout`` seconds per request) or a 5xx answer is
-    retried ``retries`` times, waiting ``backoff × 2^attempt`` seconds in between; then, like any 4xx
-    answer or a body that is not a completion, it raises :class:`EndpointError` naming the URL.
+    A refused or dropped connection, a timeout or a 5xx answer is retried ``retries`` times, waiting
+    ``backoff × 2^attempt`` seconds in between; then, like any 4xx answer or a body that is not a
+    completion, it raises :class:`EndpointError` naming the URL. ``timeout`` is a deadline for the
+    whole request (connecting, the headers and every byte of the body), not for each socket read: a
+    server that trickles its answer a byte at a time is cut off when it passes.
     """
 
     name = "openai"
@@ -308,14 +312,13 @@ class OpenAIPolicy:
         req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
         for attempt in range(self.retries + 1):
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read()
+                raw = post_within(req, self.timeout)
                 break
-            except urllib.error.HTTPError as e:  # an answer: only a server error is worth retrying
-                cause = f"HTTP {e.code} {e.reason}: {e.read()[:200].decode('utf-8', 'replace')}"
+            except ErrorAnswer as e:  # an answer: only a server error is worth retrying
+                cause = f"HTTP {e.code} {e.reason}: {e.body[:200].decode('utf-8', 'replace')}"
                 if e.code < 500:
                     raise EndpointError(f"{url}: {cause}") from None
-            except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timed out
                 cause = str(getattr(e, "reason", None) or e) or type(e).__name__
                 if isinstance(e, TimeoutError) or "timed out" in cause:
                     cause = f"no answer within {self.timeout:g} s (timed out)"
@@ -324,7 +327,7 @@ class OpenAIPolicy:
             time.sleep(self.backoff * 2 ** attempt)
         try:
             return parse_completion(json.loads(raw))
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
             raise EndpointError(f"{url}: not a completions response ({type(e).__name__}: {e})") from None
 
 

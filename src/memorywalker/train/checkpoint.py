@@ -15,6 +15,12 @@ says why newer ones were skipped; when checkpoints exist but none verifies it re
 (:class:`CheckpointError`) instead of starting over. Older checkpoints are deleted only after a newer
 one has verified. Restoring weights, optimizer moments, every RNG and the data position makes a resumed
 CPU run bitwise identical to an uninterrupted one.
+
+A save that fails (a full disk, a read-only folder) removes its temporary folder and raises an
+``OSError`` naming the file it was writing (safetensors and ``torch.save`` report the system error in
+their own exceptions; it is recovered), so the CLI says ``PATH: No space left on device`` and exits 2.
+The temporary folders of saves killed mid-write (``checkpoints/.tmp-step-*``) are removed once a
+resume has loaded its checkpoint (the run dir's lock guarantees no other process is writing them).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from memorywalker.fileio import naming
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what a checkpoint must hold
@@ -134,19 +142,55 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    # clone(): safetensors refuses tensors that share storage (tied embeddings).
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()},
-              str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    write_extras(tmp, step, state)
-    return seal_checkpoint(run_dir, step, tmp, keep=keep)
+    try:
+        tmp.mkdir()
+        # clone(): safetensors refuses tensors that share storage (tied embeddings).
+        with naming(tmp / "model.safetensors"):  # SafetensorError "(os error 28)" -> OSError naming the file
+            save_file({k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()},
+                      str(tmp / "model.safetensors"))
+        torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+        write_extras(tmp, step, state)
+        return seal_checkpoint(run_dir, step, tmp, keep=keep)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back; older checkpoints stay
+        raise
+
+
+class _RecordingWriter:
+    """A binary file for ``torch.save`` that keeps the OSError of a failed write: torch reports it as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``, without the cause."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def torch_save(obj: Any, path: Path) -> None:
+    """``torch.save(obj, path)``; an I/O failure raises an ``OSError`` naming ``path``."""
+    with naming(path), open(path, "wb") as f:
+        w = _RecordingWriter(f)
+        try:
+            torch.save(obj, w)
+        except RuntimeError as e:
+            if w.error is None:
+                raise
+            raise OSError(w.error.errno, w.error.strerror, str(path)) from e
 
 
 def write_extras(tmp: Path, step: int, state: dict[str, Any]) -> None:
     """The RNG states and ``state.json`` (step, data position…) of a checkpoint being written."""
-    torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+    torch_save(_rng_state(), tmp / "rng.pt")
+    with naming(tmp / "state.json"):
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
 
 
 def seal_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2, fmt: str = "safetensors") -> Path:
@@ -163,7 +207,7 @@ def seal_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2,
     manifest = {"step": step, "format": fmt,
                 "files": {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
                           for f in files}}
-    with open(tmp / MANIFEST, "w") as fh:
+    with naming(tmp / MANIFEST), open(tmp / MANIFEST, "w") as fh:
         fh.write(json.dumps(manifest, indent=2))
         fh.flush()
         os.fsync(fh.fileno())
@@ -175,7 +219,8 @@ def seal_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2,
     if reason is not None:  # e.g. a full disk: keep every older checkpoint, stop the run
         raise CheckpointError(f"checkpoint {final} did not verify after writing: {reason}")
     latest_tmp = root / f".latest-{os.getpid()}"
-    latest_tmp.write_text(final.name)
+    with naming(latest_tmp):
+        latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")
     _fsync_dir(root)
     # Only after the new one verified: drop older checkpoints beyond the newest ``keep``. Newer
@@ -221,8 +266,23 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     return json.loads((path / "state.json").read_text())
 
 
+def remove_unfinished(run_dir: str | Path) -> list[str]:
+    """Delete what killed saves left behind (``checkpoints/.tmp-step-*``, ``.latest-*``,
+    ``.tmp-final-*``, ``.old-final-*``); return their names. Only the run dir's owner may call it."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    left = [*(root.glob(".tmp-step-*") if root.is_dir() else []), *(root.glob(".latest-*") if root.is_dir() else []),
+            *run_dir.glob(".tmp-final-*"), *run_dir.glob(".old-final-*")]
+    for p in left:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return sorted(p.name for p in left)
+
+
 def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            *, verbose: bool = True) -> dict[str, Any] | None:
+            *, verbose: bool = True, clean_up: bool = True) -> dict[str, Any] | None:
     """The state of the newest verified checkpoint of ``run_dir`` after loading it (``resume``), or
     None for a fresh start.
 
@@ -230,7 +290,9 @@ def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer
     * Resuming where checkpoints exist but none verifies raises :class:`CheckpointError`: never a
       silent start from step 0 over a run's history.
     * A fresh start into a run dir that already holds checkpoints is refused, so a run is never
-      silently mixed with an older one."""
+      silently mixed with an older one.
+    * After a resume loaded (``clean_up``: on the rank that owns the run dir), the temporary folders
+      of saves that were killed are removed (:func:`remove_unfinished`)."""
     path, skipped = newest_verified(run_dir)
     if resume:
         if path is None and skipped:
@@ -241,7 +303,12 @@ def restore(run_dir: str | Path, resume: bool, model: torch.nn.Module, optimizer
             for p, r in skipped:
                 print(f"resume: skipped {p.name}: {r}", file=sys.stderr)
             print(f"resume: from {path}" + (" (newest that verifies)" if skipped else ""), file=sys.stderr)
-        return None if path is None else load_checkpoint(path, model, optimizer)
+        state = None if path is None else load_checkpoint(path, model, optimizer)
+        if clean_up:
+            removed = remove_unfinished(run_dir)
+            if removed and verbose:
+                print(f"resume: removed what killed saves left behind: {', '.join(removed)}", file=sys.stderr)
+        return state
     if path is not None or skipped:
         name = (path or skipped[0][0]).name
         raise FileExistsError(f"{run_dir} already holds checkpoints ({name}); "
@@ -255,10 +322,15 @@ def save_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, Any]
     final = Path(run_dir) / "final"
     tmp = Path(run_dir) / f".tmp-final-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if provenance is not None:
-        (tmp / "memorywalker.json").write_text(json.dumps(provenance))
+    try:
+        with naming(tmp):  # save_pretrained's SafetensorError "(os error 28)" -> OSError naming the folder
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            if provenance is not None:
+                (tmp / "memorywalker.json").write_text(json.dumps(provenance))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = Path(run_dir) / f".old-final-{os.getpid()}"
     if final.exists():
         os.replace(final, old)

@@ -74,7 +74,13 @@ class TrainConfig(RecipeConfig):
     normalization: str = "token"  # token | call | trajectory: what each target's loss is divided by
     attention: str | None = None  # mask-schedule methods: sdpa | eager | flex; None = the model's own
     max_tokens: int = 8192  # tokens per forward (packed buffer / radix chunk and batch size)
+    # Longest call sequence S_t a trajectory may have; longer ones are set aside (reason too_long) before
+    # any forward. None = the model's max_position_embeddings (from its config.json).
+    max_seq_len: int | None = None
     sdcc_lambda: float = 1.0  # sdcc: weight λ of KL(teacher ‖ student)
+    # radix schedule: recompute each forward's activations in the backward, keeping the cached keys/values
+    # (long sessions in memory ~ tokens x K/V bytes per token; costs one more forward)
+    checkpoint_chunks: bool = False
     # --- optimization
     steps: int = 100  # optimizer steps of the whole run
     grad_accum: int = 1  # micro-batches per rank per optimizer step
@@ -146,10 +152,10 @@ class TrainConfig(RecipeConfig):
             raise ValueError(f"unknown mixed_precision {v!r}; valid: bfloat16, float16, float32 (or unset)")
         return v
 
-    @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints")
+    @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints", "max_seq_len")
     @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
             raise ValueError("must be >= 1")
         return v
 

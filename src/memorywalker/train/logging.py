@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from memorywalker.fileio import naming
+
 
 class MetricsLogger:
     """``log(step, metrics)`` appends one JSON line to ``run_dir/metrics.jsonl``.
@@ -51,8 +53,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self._f.write(json.dumps(row) + "\n")
-        self._f.flush()
+        with naming(self.path):  # a full disk: "metrics.jsonl: No space left on device", not "[Errno 28]"
+            self._f.write(json.dumps(row) + "\n")
+            self._f.flush()
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, int | float) and math.isfinite(v):

@@ -18,6 +18,17 @@ def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
     return Path(model), Path(tokenizer or model)
 
 
+def load_tokenizer(model: str, tokenizer: str | None = None):
+    """The tokenizer a recipe uses (``tokenizer`` dir, else the model dir's; an adapter dir holds its
+    own), loaded before the model so that the data can be checked against its vocabulary first."""
+    from transformers import AutoTokenizer
+
+    _, tok_dir = resolve_dirs(model, tokenizer)
+    if not tok_dir.is_dir():
+        raise FileNotFoundError(f"{tok_dir} is not a local directory (recipes never download models)")
+    return AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+
+
 def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.device):
     """``(model, tokenizer)`` from local dirs only (nothing is downloaded). An adapter dir (one written
     with ``adapter.kind=lora``) loads its base, checks the base hash its manifest pins, and merges

@@ -143,7 +143,7 @@ def read_pairs(path) -> list[tuple[str, str]]:
             try:
                 row = json.loads(line)
                 out.append((str(row["chosen"]), str(row["rejected"])))
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
                 raise ValueError(f"{path}:{n}: a pair is {{\"chosen\": ID, \"rejected\": ID}} ({e})") from None
     return out
 

@@ -42,6 +42,7 @@ from memorywalker.importers.claude_code.records import (
     Index,
     Rec,
     read_file,
+    reject_orphan_results,
     resolve_compactions,
     root_of,
 )
@@ -90,6 +91,7 @@ def import_orphan_subagent(path: Path) -> ImportResult:
                       f"context is in the session file {session_file.name}, which {why}")
         return result
     resolve_compactions(recs, index, result)
+    reject_orphan_results({path: recs}, index, result)
     for rec in recs:
         if rec.parent and rec.parent not in index.by_uuid:
             index.missing.add(rec.uuid)
@@ -121,6 +123,7 @@ def import_session(path: Path) -> ImportResult:
     main = per_file.get(path, [])
     for recs in per_file.values():
         resolve_compactions(recs, index, result)
+    reject_orphan_results(per_file, index, result)
     for f, recs in per_file.items():
         for rec in recs:
             p = rec.parent

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memorywalker.importers.base import ImportResult, carried, read_jsonl, str_list
+from memorywalker.importers.base import ImportResult, as_text, carried, read_jsonl, str_list
 from memorywalker.importers.claude_code import attachments
 
 CONVERSATION = {"user", "assistant"}
@@ -135,6 +135,37 @@ def read_file(f: Path, index: Index, result: ImportResult, order: int) -> tuple[
                 index.by_uuid[obj["uuid"]] = Rec(obj, f, line, order)
                 order += 1
     return recs, order
+
+
+def reject_orphan_results(per_file: dict[Path, list[Rec]], index: Index, result: ImportResult) -> None:
+    """Tool results whose ``tool_use_id`` matches no tool_use of the input never reach a context: a
+    record of nothing else is rejected (``orphan_tool_result``, not imported); a record with more in
+    it is kept with that warning. (A result whose tool_use is in the input but not in a call's
+    context - compacted away - is left out of that context only: ``orphan_tool_results_dropped``.)"""
+    issued = {as_text(b.get("id")) for recs in index.groups.values() for rec in recs for b in blocks(rec.obj)
+              if b.get("type") in ("tool_use", "server_tool_use")}
+    for f, recs in per_file.items():
+        for rec in recs:
+            content = rec.obj["message"].get("content") if rec.obj.get("type") == "user" else None
+            if not isinstance(content, list):
+                continue
+            orphans = [as_text(b.get("tool_use_id")) for b in content if isinstance(b, dict)
+                       and b.get("type") == "tool_result" and as_text(b.get("tool_use_id")) not in issued]
+            if not orphans:
+                continue
+            whole = len(orphans) == len(content)  # nothing else in the record reaches the model
+            result.imported -= whole
+            result.reject(f, rec.line, "orphan_tool_result", f"line {rec.line}: tool result for "
+                          f"{', '.join(map(repr, orphans))}, which no tool_use in the input issued; left out",
+                          kept=not whole)
+
+
+def blocks(obj: dict) -> list[dict]:
+    """The content blocks of a record's message (a string content is one text block)."""
+    content = (obj.get("message") or {}).get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def resolve_compactions(recs: list[Rec], index: Index, result: ImportResult) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from memorywalker.importers import billed
 from memorywalker.importers.base import ImportResult, as_text, content_text, opt_int, opt_str
 from memorywalker.importers.claude_code import attachments, micro
-from memorywalker.importers.claude_code.records import STOP, Index, Rec, group_key
+from memorywalker.importers.claude_code.records import STOP, Index, Rec, blocks, group_key
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 
@@ -43,7 +43,7 @@ class ChainTrajectory:
         recs = self.index.groups[key]
         texts, thinking, tool_calls = [], [], []
         for rec in recs:
-            for block in _blocks(rec.obj):
+            for block in blocks(rec.obj):
                 kind = block.get("type")
                 if kind == "text":
                     texts.append(as_text(block.get("text")))
@@ -326,10 +326,3 @@ class ChainTrajectory:
     def finish(self):
         billed.check_billed(self.b, self.result, micro.drop_hint(self))
         return self.result.finish(self.b, self.source)
-
-
-def _blocks(obj: dict) -> list[dict]:
-    content = (obj.get("message") or {}).get("content")
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []

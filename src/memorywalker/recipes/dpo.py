@@ -13,13 +13,11 @@ or every target (``whole``).
 
 Per step (``batch_size`` pairs, ``world_size × grad_accum`` micro-batches):
 
-1. the engine's per-target logprobs (any method; exact ones give a plain per-call forward's) are
-   summed per pair side over the scored targets;
+1. the engine's differentiable per-target logprobs (:func:`memorywalker.engine.logprobs`; any method,
+   exact ones give a plain per-call forward's) are summed per pair side over the scored targets;
 2. the loss ``−log σ(β[(logp_w − logp_ref_w) − (logp_l − logp_ref_l)])`` (``objectives/preference.py``,
-   optional length normalization and SFT term), averaged over the step's pairs, is differentiated with
-   respect to each sum;
-3. the engine runs again with the ``weighted`` objective, ``−c_i log p_i`` with ``c_i = −dL/dsum``
-   of the target's side: its gradient is exactly the DPO gradient (one backward per buffer).
+   optional length normalization and SFT term), averaged over the step's pairs, is backpropagated
+   through the sums: one forward pass per micro-batch, the graph held until its backward.
 
 The reference sums (``ref_model``, default: the policy as loaded, before any update) are computed
 once, before training, and kept in a cache keyed by weights, tokenizer, template, sequences, scored
@@ -28,18 +26,17 @@ indices and settings (``memorywalker.train.refcache``), so a resume reuses them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from pydantic import field_validator
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, Denominators, EngineConfig, get_method, run
+from memorywalker.engine import Batch, Denominators, EngineConfig, get_method, logprobs
+from memorywalker.engine.logprobs import kl_term
 from memorywalker.fileio import atomic_write
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
@@ -128,44 +125,53 @@ def admit_pairs(rendered: dict, ids: list[tuple[str, str]], scored: str
     return admitted, rejected
 
 
-def pair_step(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: EngineConfig, cfg: DPOConfig,
-              num_pairs: torch.Tensor, *, backward: bool = True) -> dict[str, torch.Tensor]:
-    """One micro-batch of pairs: DPO loss (Σ over these pairs / ``num_pairs`` of the step) and, with
-    ``backward``, its gradient accumulated into ``model``. ``ref``: float64 [P, 2] reference sums."""
+def pair_sums(model, pairs: list[AdmittedPair], engine: EngineConfig):
+    """Each pair side's summed logprob over its scored targets, [P, 2] float64 with the graph (under the
+    caller's grad mode), the scored-target counts [P, 2] and the logprobs (sdcc: its KL rows)."""
     batch = Batch.from_groups([[p.chosen, p.rejected] for p in pairs])  # one forest per pair
-    scored, seq = scored_targets(batch, pairs)
-    batch.targets.weight[:] = scored  # only the scored set trains
-
-    # 1. per-target logprobs (no graph), summed per pair side: seq = 2·pair + side
-    first = run(model, batch, engine, backward=False)
-    device = first.logprobs.device
+    scored, seq = scored_targets(batch, pairs)  # only the scored set counts; seq = 2·pair + side
+    lp = logprobs(model, batch, engine)
+    device = lp.values.device
     s_idx = torch.from_numpy(seq[scored]).to(device)
-    sums = torch.zeros(2 * len(pairs), dtype=torch.float64, device=device).index_add_(
-        0, s_idx, first.logprobs[torch.from_numpy(scored).to(device)].double())
+    sums = torch.zeros(2 * len(pairs), dtype=torch.float64, device=device).index_add(
+        0, s_idx, lp.values[torch.from_numpy(scored).to(device)].double())
     counts = torch.zeros(2 * len(pairs), dtype=torch.float64, device=device).index_add_(
         0, s_idx, torch.ones(len(s_idx), dtype=torch.float64, device=device))
+    return sums.view(-1, 2), counts.view(-1, 2), lp
 
-    # 2. the sequence loss and its derivative with respect to each side's sum
-    pw, pl = sums[0::2].clone().requires_grad_(), sums[1::2].clone().requires_grad_()
-    ref = ref.to(device)
-    losses, stats = dpo_loss(pw, pl, ref[:, 0], ref[:, 1], beta=cfg.beta, chosen_tokens=counts[0::2],
-                             rejected_tokens=counts[1::2], length_normalize=cfg.length_normalize,
+
+def pair_loss(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: EngineConfig, cfg: DPOConfig,
+              num_pairs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The DPO loss of a micro-batch of pairs, Σ over them / ``num_pairs`` of the step, with the graph
+    (plus sdcc's KL term), and its stats. ``ref``: float64 [P, 2] reference sums.
+
+    The engine's differentiable per-target logprobs (:func:`memorywalker.engine.logprobs`) are summed
+    per pair side and the sequence-level loss is taken on the sums: one forward pass."""
+    sums, counts, lp = pair_sums(model, pairs, engine)
+    pw, pl = sums[:, 0], sums[:, 1]
+    ref = ref.to(sums.device)
+    losses, stats = dpo_loss(pw, pl, ref[:, 0], ref[:, 1], beta=cfg.beta, chosen_tokens=counts[:, 0],
+                             rejected_tokens=counts[:, 1], length_normalize=cfg.length_normalize,
                              sft_weight=cfg.sft_weight)
-    loss = losses.sum() / num_pairs.to(device)  # mean over the step's pairs
-    gw, gl = torch.autograd.grad(loss, (pw, pl))
-    grad_sum = torch.stack([gw, gl], 1).reshape(-1)  # [2P] dL/dsum, seq order
-
-    # 3. −c_i log p_i with c_i = −dL/dsum(side of i): the engine's backward gives the DPO gradient
-    if backward:
-        coef = np.zeros(len(batch.targets), dtype=np.float32)
-        coef[scored] = -grad_sum.cpu().numpy()[seq[scored]]
-        batch.targets.advantage[:] = coef
-        weighted = dataclasses.replace(engine, objective="weighted", normalization="token")
+    loss = losses.sum() / num_pairs.to(sums.device)  # mean over the step's pairs
+    total = loss
+    if lp.kl is not None:  # sdcc: λ · Σ_j eps_j, its KL term per micro-batch of pairs
         one = torch.ones((), dtype=torch.float64)
-        run(model, batch, weighted, denominators=Denominators(loss=one, kl=one))  # Σ c·ℓ / 1
-    return {"loss": loss.detach(), "margin": stats["margin"], "coefficient": stats["coefficient"],
-            "chosen_reward": stats["chosen_reward"], "rejected_reward": stats["rejected_reward"],
-            "policy": torch.stack([pw.detach(), pl.detach()], 1), "tokens": counts.sum()}
+        total = total + kl_term(lp.eps_kl(), Denominators(loss=one, kl=one), engine)
+    return total, {"loss": loss.detach(), "margin": stats["margin"], "coefficient": stats["coefficient"],
+                   "chosen_reward": stats["chosen_reward"], "rejected_reward": stats["rejected_reward"],
+                   "policy": sums.detach(), "tokens": counts.sum()}
+
+
+def pair_step(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: EngineConfig, cfg: DPOConfig,
+              num_pairs: torch.Tensor, *, backward: bool = True) -> dict[str, torch.Tensor]:
+    """One micro-batch of pairs (:func:`pair_loss`) and, with ``backward``, its gradient accumulated
+    into ``model``. Returns the stats."""
+    with torch.enable_grad() if backward else torch.no_grad():
+        total, stats = pair_loss(model, pairs, ref, engine, cfg, num_pairs)
+        if backward and total.requires_grad:
+            total.backward()
+    return stats
 
 
 def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, trajectories=None,

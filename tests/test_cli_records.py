@@ -27,7 +27,7 @@ def test_inspect_json_keys_and_totals(kit, tmp_path, monkeypatch):
                               "--max-length", "1024"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert set(out) == {"file", "read", "trajectories", "total", "occupancy"}
+    assert set(out) == {"file", "read", "trajectories", "total", "occupancy", "context_check"}
     per, total = out["trajectories"], out["total"]
     assert [t["evictions"] for t in per] == [0, 1, 2]
     assert [t["segments"] for t in per] == [1, 2, 3]
@@ -37,6 +37,8 @@ def test_inspect_json_keys_and_totals(kit, tmp_path, monkeypatch):
     assert total["zero_target_calls"] == {"not_selected: refused proposal": 1, "truncated": 1}
     assert out["read"] == {"read": 3, "accepted": 3, "rejected": 0, "by_reason": {}}
     assert out["occupancy"]["max_length"] == 1024 and out["occupancy"]["overlong"] == 0
+    # the bundled example records no billed tokens: every call unchecked
+    assert out["context_check"] == {"verified": 0, "unverified": 0, "unchecked": total["calls"]}
 
 
 def test_inspect_table_and_rejects_file(kit, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from memorywalker.importers import run_import
 from memorywalker.importers.claude_code import CLEARED
-from memorywalker.importers.claude_code_attachments import reminder
+from memorywalker.importers.claude_code.attachments import reminder
 from memorywalker.records import check_trajectory
 from memorywalker.render import Renderer
 from memorywalker.tree import ConditioningTree
@@ -219,3 +219,93 @@ def test_attachment_file_is_a_read_tool_pair(tmp_path):
     assert (table["f1#0"].role, tc.name, tc.arguments) == ("assistant", "Read", {"file_path": "/p/a.py"})
     assert (table["f1#1"].role, table["f1#1"].tool_call_id, table["f1#1"].content) == ("tool", tc.id, "x = 1")
     assert res.imported == 3 and res.rejects == []
+
+
+def _rewind_then_partial_compaction() -> list[dict]:
+    """The shape of claude-code-log's test/test_data/dag_compact_after_rewind_preserved.jsonl
+    [daaain/claude-code-log be3a5a4]: u1 → a1, a first attempt b1u → b1a, a rewind to a1 with b2u → b2a
+    → b2u2; a partial compaction cb (preservedSegment head b2a, anchor cs, tail b2a2; preservedMessages
+    [b2a, b2u2, b2a2]; logicalParentUuid b2a2) whose preserved response b2a2 exists only after the
+    summary cs, hanging from it; then p1u → p1a."""
+    rows = [user("u1", None, "Start"), asst("a1", "u1", "m_a1", "Ready"),
+            user("b1u", "a1", "First attempt"), asst("b1a", "b1u", "m_b1a", "First answer"),
+            user("b2u", "a1", "Second attempt"), asst("b2a", "b2u", "m_b2a", "Second answer"),
+            user("b2u2", "b2a", "Keep going"),
+            boundary("cb", "b2a2", trigger="auto", preTokens=150000,
+                     preservedSegment={"headUuid": "b2a", "anchorUuid": "cs", "tailUuid": "b2a2"},
+                     preservedMessages={"anchorUuid": "cs", "uuids": ["b2a", "b2u2", "b2a2"]}),
+            user("cs", "cb", "This session is being continued from a previous conversation. Summary: a plan.",
+                 isCompactSummary=True),
+            asst("b2a2", "cs", "m_b2a2", "Kept going"),
+            user("p1u", "b2a2", "After compaction"), asst("p1a", "p1u", "m_p1a", "Final answer")]
+    rows[9]["timestamp"] = rows[6]["timestamp"].replace(".000Z", ".500Z")  # sampled before the boundary
+    return rows
+
+
+def test_preserved_response_after_rewind_keeps_its_pre_compaction_chain(tmp_path, tokenizer):
+    """b2a2 was sampled before the compaction, after b2u2: its context is the pre-compaction chain up
+    to its parent in the preserved segment, [u1 a1 b2u b2a b2u2] - not [cs] (a summary written after
+    it). claude-code-log's test_dag_compact_after_rewind.py pins the live branch as
+    [b2u b2a b2u2 cb cs b2a2 p1u p1a]; after the boundary Claude Code relinks the segment under the
+    anchor, so p1a sees [cs b2a b2u2 b2a2 p1u]. One summarize eviction before p1a removes the
+    pre-compaction messages not preserved (u1 a1 b2u) and inserts cs. Segments: the rewind (b2a's
+    context leaves b1a's path) and the compaction each start one: 3."""
+    res = run_import("claude-code", [_write(tmp_path, _rewind_then_partial_compaction())])
+    (traj,) = res.trajectories
+    assert _contexts(traj) == [["u1"], ["u1", "a1", "b1u"], ["u1", "a1", "b2u"], ["u1", "a1", "b2u", "b2a", "b2u2"],
+                               ["cs", "b2a", "b2u2", "b2a2", "p1u"]]
+    assert [c.response for c in traj.calls] == ["a1", "b1a", "b2a", "b2a2", "p1a"]
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.inserted) == ("summarize", "call-4", ["u1", "a1", "b2u"], ["cs"])
+    assert ev.tokens_before == 150000 and ev.trigger == "auto"
+    assert _segments(tokenizer, traj) == 3
+    assert res.rejects == [] and res.notes["preserved_messages"] == 3
+    _counts_add_up(res)
+
+
+def test_companion_intro_and_auto_mode_attachments_are_sent(tmp_path):
+    """companion_intro and auto_mode (2.1.x) are rendered as normalizeAttachmentForAPI does (each one
+    isMeta user message in <system-reminder>), marked ``inferred_text`` (the wording of one version);
+    neither is rejected. An attachment type still unknown is rejected, kept as a chain link (the call
+    after it still sees the prompt before it), and what it carried is in the reject's detail."""
+    rows = [user("u1", None, "go"),
+            attachment("c1", "u1", {"type": "companion_intro", "name": "Chiseler", "species": "rabbit"}),
+            attachment("m1", "c1", {"type": "auto_mode", "reminderType": "sparse"}),
+            attachment("x1", "m1", {"type": "brand_new_kind", "payload": {"k": 1}}),
+            asst("a1", "x1", "m1", "ok")]
+    res = run_import("claude-code", [_write(tmp_path, rows)])
+    (traj,) = res.trajectories
+    assert traj.calls[0].context == ["u1", "c1", "m1"]
+    table = traj.message_table()
+    assert table["c1"].content.startswith(reminder("# Companion\n\nA small rabbit named Chiseler sits")[:-20])
+    assert "You're not Chiseler — it's a separate watcher." in table["c1"].content
+    assert table["m1"].content == reminder("Auto mode still active (see full instructions earlier in conversation). "
+                                           "Execute autonomously, minimize interruptions, prefer action over planning.")
+    assert table["c1"].meta["inferred_text"] and table["m1"].author == "system"
+    (rej,) = res.rejects
+    assert rej.reason == "unknown_record_type" and "brand_new_kind" in rej.message and "chain" in rej.message
+    assert json.loads(rej.detail) == {"type": "brand_new_kind", "payload": {"k": 1}}
+    assert res.read == 5 and res.imported == 4
+    _counts_add_up(res)
+
+
+def test_cli_debug_shows_what_unknown_records_carried(tmp_path):
+    """`memorywalker --debug import` prints each unknown record's reject with what it carried; without
+    --debug only the counts; the rejects file holds the detail either way."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    rows = [user("u1", None, "go"), _base("z1", "u1", "hologram", payload={"beam": 7}), asst("a1", "z1", "m1", "ok")]
+    path = _write(tmp_path, rows)
+    out = tmp_path / "o.jsonl"
+    plain = CliRunner().invoke(app, ["import", "claude-code", str(path), "-o", str(out)])
+    debug = CliRunner().invoke(app, ["--debug", "import", "claude-code", str(path), "-o", str(out)])
+    assert plain.exit_code == debug.exit_code == 0, debug.output
+    assert "carried:" not in plain.output and "rejects: unknown_record_type" in plain.output
+    assert "carried:" in debug.output and '"beam":7' in debug.output
+    (rej,) = [json.loads(x) for x in (tmp_path / "o.rejects.jsonl").read_text().splitlines()]
+    assert rej["reason"] == "unknown_record_type" and json.loads(rej["detail"])["payload"] == {"beam": 7}
+    # the unknown record is still a chain link: a1's context reaches u1 through it
+    (traj,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert traj["calls"][0]["context"] == ["u1"]

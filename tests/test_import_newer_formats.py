@@ -8,6 +8,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from memorywalker.importers import run_import
 from memorywalker.importers.codex import OPAQUE_COMPACTION
 from memorywalker.importers.opencode import CLEARED, COMPACTION_TEXT
@@ -176,5 +178,187 @@ def test_codex_world_state_and_server_side_compaction(tmp_path, tokenizer):
     (ev,) = traj.evictions
     assert (ev.before_call, ev.removed, ev.inserted) == (c2.id, [c0.response, c1.context[3], c1.response], [opaque])
     assert res.skipped["world_state"] == 1 and res.rejects == []
+    assert _segments(tokenizer, traj) == 2
+    _counts_add_up(res)
+
+
+# --- openhands: parallel tool calls, a reused tool-call id, offsets that count silent events -------
+
+def _openhands_parallel_and_reused() -> list[dict]:
+    """One response R1 with two tool calls (toolu_51, toolu_52) executed one at a time (CodeActAgent
+    pops its pending_actions: action, observation, action, observation); a later response R2 that
+    reuses the id toolu_51; a condensation forgetting events 4-7 with its summary at offset 3 (an
+    offset into the events of state.history, where the recall pair counts though it makes no message)."""
+    def resp(rid, calls, prompt, completion):
+        return {"id": rid, "model": "claude-x", "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+                "choices": [{"message": {"role": "assistant", "content": f"{rid} text", "tool_calls": [
+                    {"id": c, "type": "function", "function": {"name": "execute_bash", "arguments": json.dumps({"command": c})}}
+                    for c in calls]}}]}
+
+    def act(eid, r, call):
+        return {"id": eid, "source": "agent", "action": "run", "args": {"command": call},
+                "tool_call_metadata": {"function_name": "execute_bash", "tool_call_id": call, "model_response": r}}
+
+    def obs(eid, call, text):
+        return {"id": eid, "source": "agent", "observation": "run", "content": text,
+                "tool_call_metadata": {"function_name": "execute_bash", "tool_call_id": call}}
+
+    r1, r2, r3 = (resp("R1", ["toolu_51", "toolu_52"], 2000, 100), resp("R2", ["toolu_51"], 2600, 50),
+                  resp("R3", ["toolu_53"], 1500, 20))
+    return [
+        {"id": 0, "source": "agent", "action": "system", "args": {"content": "You are OpenHands agent.", "tools": []}},
+        {"id": 1, "source": "user", "action": "message", "args": {"content": "fix the tests"}},
+        {"id": 2, "source": "user", "action": "recall", "args": {"query": "fix the tests"}},
+        {"id": 3, "source": "environment", "observation": "recall", "content": "", "extras": {}},
+        act(4, r1, "toolu_51"), obs(5, "toolu_51", "a.py b.py"), act(6, r1, "toolu_52"), obs(7, "toolu_52", "1 failed"),
+        act(8, r2, "toolu_51"), obs(9, "toolu_51", "edited"),
+        {"id": 10, "source": "agent", "action": "condensation",
+         "args": {"forgotten_events_start_id": 4, "forgotten_events_end_id": 7, "summary": "listed, ran tests",
+                  "summary_offset": 3}},
+        act(11, r3, "toolu_53"), obs(12, "toolu_53", "passed"),
+        {"id": 13, "source": "agent", "action": "message", "args": {"content": "done"}},
+    ]
+
+
+@pytest.mark.parametrize("form", ["session_folder", "event_list"])
+def test_openhands_parallel_calls_and_a_reused_id(tmp_path, tokenizer, form):
+    """Contexts by hand, as ConversationMemory.process_events builds them (openhands/memory/
+    conversation_memory.py [156d068] lines 106-154: a tool-calling response is held in
+    pending_tool_call_action_messages until every tool call has a result, then emitted with its results
+    in tool-call order) over View.from_events (openhands/memory/view.py: forgotten events and the
+    condensation itself dropped, the summary inserted at summary_offset of the kept events):
+
+    call-0 (R1) [e0 e1] · call-1 (R2) [e0 e1 e4 e5 e7] · call-2 (R3) [e0 e1 e10-summary e8 e9]
+    (kept events 0 1 2 ⟨summary⟩ 3 8 9; the recall pair makes no message) · call-3 (text) [.. e11 e12].
+    R1's second action (event 6) is the same model call. R2's toolu_51 is renamed toolu_51#2 and e9
+    answers it. One summarize eviction before call-2 removing e4 e5 e7, inserting the summary; 2
+    segments. Billed: 2600 ≥ 2000 + 100 - 64 → call-1 verified; call-2 a junction, call-3 no usage."""
+    events = _openhands_parallel_and_reused()
+    if form == "session_folder":
+        path = tmp_path / "sessions" / "s1"
+        (path / "events").mkdir(parents=True)
+        for e in events:
+            (path / "events" / f"{e['id']}.json").write_text(json.dumps(e))
+    else:
+        path = tmp_path / "s1.json"
+        path.write_text(json.dumps(events))
+    res = run_import("openhands", [path])
+    (traj,) = res.trajectories
+    assert [c.context for c in traj.calls] == [
+        ["e0", "e1"], ["e0", "e1", "e4", "e5", "e7"], ["e0", "e1", "e10-summary", "e8", "e9"],
+        ["e0", "e1", "e10-summary", "e8", "e9", "e11", "e12"]]
+    assert [c.response for c in traj.calls] == ["e4", "e8", "e11", "e13"]
+    table = traj.message_table()
+    assert [tc.id for tc in table["e4"].tool_calls] == ["toolu_51", "toolu_52"]
+    assert [tc.id for tc in table["e8"].tool_calls] == ["toolu_51#2"] and table["e9"].tool_call_id == "toolu_51#2"
+    assert (table["e0"].role, table["e0"].content) == ("system", "You are OpenHands agent.")
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.inserted) == ("summarize", "call-2", ["e4", "e5", "e7"],
+                                                                  ["e10-summary"])
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "unchecked", "unchecked"]
+    assert res.notes["tool_call_ids_renamed"] == 1 and res.rejects == []
+    assert res.read == 14 and dict(res.skipped) == {"action:recall": 1, "observation:recall": 1}
+    assert _segments(tokenizer, traj) == 2
+    _counts_add_up(res)
+
+
+# --- opencode 1.3: a message with no parts, per-step billed tokens, compaction with a kept tail ------
+
+def _oc_session(tail: bool) -> list[dict]:
+    """ses_3 in MessageV2 shapes: u1; a1 with two steps (a tool call, then text), each step-finish
+    carrying its tokens; a2, an assistant message with no parts at all (what crashed the importer);
+    u2 → a3; the compaction request u3 (``tail_start_id`` u2 when ``tail``) → summary a4 → u4 → a5."""
+    def part(mid, pid, **kw):
+        return {"id": pid, "messageID": mid, "sessionID": "ses_3", **kw}
+
+    def tokens(inp, out, read=0):
+        return {"input": inp, "output": out, "reasoning": 0, "cache": {"read": read, "write": 0}}
+
+    def asst(mid, parent, t, parts, **kw):
+        return {"info": {"id": mid, "sessionID": "ses_3", "role": "assistant", "parentID": parent, "time": {"created": t},
+                         "modelID": "m", "providerID": "p", "mode": "build", "finish": "stop", **kw}, "parts": parts}
+
+    def usr(mid, t, parts):
+        return {"info": {"id": mid, "sessionID": "ses_3", "role": "user", "time": {"created": t}}, "parts": parts}
+
+    tool = part("msg_a1", "prt_03", type="tool", callID="call_1", tool="bash", state={
+        "status": "completed", "input": {"command": "ls"}, "output": "a b", "title": "ls", "metadata": {},
+        "time": {"start": 3, "end": 4}})
+    compaction = {"type": "compaction", "auto": True, **({"tail_start_id": "msg_u2"} if tail else {})}
+    return [
+        usr("msg_u1", 1, [part("msg_u1", "prt_01", type="text", text="list files")]),
+        asst("msg_a1", "msg_u1", 2, [part("msg_a1", "prt_02", type="step-start"), tool,
+                                     part("msg_a1", "prt_04", type="step-finish", reason="tool-calls", cost=0,
+                                          tokens=tokens(1000, 40, 9000)),
+                                     part("msg_a1", "prt_05", type="step-start"),
+                                     part("msg_a1", "prt_06", type="text", text="two files"),
+                                     part("msg_a1", "prt_07", type="step-finish", reason="stop", cost=0,
+                                          tokens=tokens(100, 10, 9990))], tokens=tokens(100, 10, 9990)),
+        asst("msg_a2", "msg_u1", 5, []),
+        usr("msg_u2", 10, [part("msg_u2", "prt_10", type="text", text="which ones?")]),
+        asst("msg_a3", "msg_u2", 11, [part("msg_a3", "prt_11", type="text", text="a and b")],
+             tokens=tokens(120, 8, 10050)),
+        usr("msg_u3", 20, [part("msg_u3", "prt_20", **compaction)]),
+        asst("msg_a4", "msg_u3", 21, [part("msg_a4", "prt_21", type="text", text="Summary: listed a and b.")],
+             summary=True, tokens=tokens(10300, 30)),
+        usr("msg_u4", 30, [part("msg_u4", "prt_30", type="text", text="count them")]),
+        asst("msg_a5", "msg_u4", 31, [part("msg_a5", "prt_31", type="text", text="2")], tokens=tokens(400, 2)),
+    ]
+
+
+def test_opencode_13_message_without_parts(tmp_path):
+    """OpenCode 1.3 database (rows still in the WAL) whose session holds an assistant message with no
+    parts: toModelMessagesEffect skips it (``if (msg.parts.length === 0) continue``,
+    packages/opencode/src/session/message-v2.ts [anomalyco/opencode 007a940]), so it is skipped
+    (``message_without_parts``) - no crash, no call. Calls by hand:
+    a1:0 [u1] · a1:1 [u1 a1:0 a1:0:call_1] · a3 [.. a1:1 u2] · summary a4 [.. a3 u3] · a5 [u3 a4 u4].
+    Billed prompt = input + cache read + cache write per step-finish: 10,000 → 10,090 (≥ 10,000 + 40
+    - 64) → 10,170 (≥ 10,090 + 10 - 64): a1:1 and a3 verified; the summary call (a harness call with
+    its own prompt) and a5 (after the compaction) unchecked."""
+    db = tmp_path / "opencode.db"
+    con = sqlite3.connect(db)
+    con.execute("pragma journal_mode=wal")
+    con.execute("pragma wal_autocheckpoint=0")
+    con.executescript(_V13_SCHEMA)
+    con.execute("insert into session (id, project_id, slug, directory, title, version, time_created, time_updated) "
+                "values ('ses_3', 'p', 's', '/w', 'three', '1.3.4', 1, 2)")
+    for n, m in enumerate(_oc_session(tail=False)):
+        data = {k: v for k, v in m["info"].items() if k not in ("id", "sessionID")}
+        con.execute("insert into message values (?, 'ses_3', ?, ?, ?)", (m["info"]["id"], n, n, json.dumps(data)))
+        for p in m["parts"]:
+            pdata = {k: v for k, v in p.items() if k not in ("id", "messageID", "sessionID")}
+            con.execute("insert into part values (?, ?, 'ses_3', ?, ?, ?)", (p["id"], m["info"]["id"], n, n, json.dumps(pdata)))
+    con.commit()
+    assert Path(f"{db}-wal").stat().st_size > 0
+    res = run_import("opencode", [db])
+    con.close()
+    (traj,) = res.trajectories
+    pre = ["msg_u1", "msg_a1:0", "msg_a1:0:call_1", "msg_a1:1", "msg_u2"]
+    assert [c.context for c in traj.calls] == [
+        ["msg_u1"], ["msg_u1", "msg_a1:0", "msg_a1:0:call_1"], pre, [*pre, "msg_a3", "msg_u3"],
+        ["msg_u3", "msg_a4", "msg_u4"]]
+    assert [c.purpose for c in traj.calls] == ["act", "act", "act", "summarize", "act"]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified", "unchecked", "unchecked"]
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.inserted) == ("summarize", "call-4", ["msg_u3", "msg_a4"])
+    assert res.skipped["message_without_parts"] == 1 and res.rejects == []
+    assert res.read == 9 and res.imported == 8
+    _counts_add_up(res)
+
+
+def test_opencode_compaction_keeps_its_tail(tmp_path, tokenizer):
+    """A compaction part with ``tail_start_id`` keeps the messages from it up to the request after
+    the summary: filterCompacted returns [compaction request, summary, ...retained tail..., later]
+    (packages/opencode/src/session/message-v2.ts [anomalyco/opencode 007a940], the reorder after
+    ``result.reverse()``). a5 sees [u3 a4 u2 a3 u4]; the eviction removes what the tail does not keep
+    (u1 and a1's steps and result); 2 segments."""
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"info": {"id": "ses_3"}, "messages": _oc_session(tail=True)}))
+    res = run_import("opencode", [path])
+    (traj,) = res.trajectories
+    assert traj.calls[-1].context == ["msg_u3", "msg_a4", "msg_u2", "msg_a3", "msg_u4"]
+    (ev,) = traj.evictions
+    assert ev.removed == ["msg_u1", "msg_a1:0", "msg_a1:0:call_1", "msg_a1:1"]
+    assert ev.inserted == ["msg_u3", "msg_a4"]
     assert _segments(tokenizer, traj) == 2
     _counts_add_up(res)

@@ -318,6 +318,15 @@ def test_bad_input_claude_code(tmp_path):
     assert "context_gap" in traj.calls[2].reason
 
 
+def _pi_lines() -> str:
+    rows = [{"type": "session", "version": 3, "id": "p1", "timestamp": "t", "cwd": "/"},
+            {"type": "message", "id": "e1", "parentId": None, "message": {"role": "user", "content": "hi"}},
+            {"type": "message", "id": "e2", "parentId": "e1", "message": {"role": "assistant", "stopReason": "stop",
+                                                                          "content": [{"type": "text", "text": "yo"}]}},
+            {"type": "hologram", "id": "e3", "parentId": "e2"}]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
 @pytest.mark.parametrize("fmt", sorted(IMPORTERS))
 def test_bad_input_every_format(tmp_path, fmt):
     """Each format: a truncated file / unknown record / missing parent yields a clear reason, never a crash."""
@@ -337,6 +346,16 @@ def test_bad_input_every_format(tmp_path, fmt):
         "opencode": ("x.json", json.dumps({"info": {"id": "s"}, "messages": [*_opencode_session()[1], {"info": {"role": "robot"}, "parts": []}]})),
         "claude-code": ("c.jsonl", json.dumps(_cc_record("u1", None, "user", "hi")) + "\n" +
                         json.dumps(_cc_record("a1", "u1", "assistant", [{"type": "text", "text": "yo"}], "m1")) + "\n{\"type"),
+        "pi": ("p.jsonl", _pi_lines() + '{"type": "mess'),
+        "hf-traces": ("d.jsonl", _pi_lines() + '{"type": "mess'),
+        "cline": ("api_conversation_history.json", json.dumps([
+            {"role": "user", "content": "fix"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+            {"role": "robot", "content": "?"}])),
+        "roo-code": ("api_conversation_history.json", json.dumps([
+            {"role": "user", "content": "fix", "ts": 1}, {"role": "assistant", "content": "ok", "ts": 2}, 7])),
+        "gemini-cli": ("session-1.json", json.dumps({"sessionId": "g", "projectHash": "h", "messages": [
+            {"id": "u1", "type": "user", "content": "hi"}, {"id": "g1", "type": "gemini", "content": "yo"},
+            {"id": "z1", "type": "hologram", "content": "?"}]})),
     }
     name, text = cases[fmt]
     path = tmp_path / name
@@ -353,7 +372,7 @@ def test_bad_input_every_format(tmp_path, fmt):
 
 
 def test_unknown_format_lists_valid_names():
-    with pytest.raises(ValueError, match="valid formats: claude-code, codex"):
+    with pytest.raises(ValueError, match="valid formats: claude-code, cline, codex"):
         get_importer("nope")
 
 

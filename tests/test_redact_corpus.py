@@ -175,3 +175,90 @@ def test_import_redacts_every_occurrence_everywhere_and_the_rejects(tmp_path):
     assert re.search(r"db: postgres://<CREDENTIALS_\d+>@db.internal/app, thanks <USER_1>$", user)
     assert table[main["calls"][1]["response"]]["content"] == f"done, <USER_1> ({ph})"
     assert {m["content"] for m in other["messages"]} >= {f"again {ph}"}
+
+
+# --- the other formats: every content path of each importer, and what unknown records carried ---------
+
+_CONTENT_KEYS = {"text", "content", "thinking", "output", "command", "result", "summary", "message", "reasoning",
+                 "thought"}
+_UNKNOWN = {"type": "weird-kind", "role": "weird", "id": "w9"}
+
+
+def _plant(x, planted: str):
+    """Every string under a content key of a valid input, with the corpus appended."""
+    if isinstance(x, dict):
+        return {k: v + " " + planted if k in _CONTENT_KEYS and isinstance(v, str) else _plant(v, planted)
+                for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plant(v, planted) for v in x]
+    return x
+
+
+def _leaked(text: str) -> list[str]:
+    return [shape for shape, secret, _ in CORPUS if secret in text or json.dumps(secret)[1:-1] in text]
+
+
+@pytest.mark.parametrize("fmt", ["cline", "codex", "gemini-cli", "hf-traces", "opencode", "openhands", "pi", "roo-code"])
+def test_every_format_leaks_nothing(tmp_path, fmt):
+    """The fuzz test's valid sample of each format with the whole corpus appended to every text,
+    thinking, tool-output and command string, and (list inputs) one record of an unknown kind carrying
+    it. Without --redact every secret reaches the trajectories (the planting is not vacuous) and the
+    unknown record's reject carries some in its ``detail`` (what ``--debug`` prints; cut at 600
+    characters). With --redact none remains in the trajectories nor in any reject, detail included."""
+    from test_import_fuzz import _samples, _write
+
+    planted = " | ".join(t.format(s) for _, s, t in CORPUS)
+    name, doc = _samples()[fmt]
+    doc = _plant(doc, planted)
+    if isinstance(doc, list):
+        doc = [*doc, {**_UNKNOWN, "note": planted}]
+    path = tmp_path / name
+    _write(path, doc)
+
+    plain = run_import(fmt, [path])
+    assert plain.trajectories
+    assert _leaked(json.dumps([t.to_json_dict() for t in plain.trajectories], ensure_ascii=False)) == [s for s, _, _ in CORPUS]
+    details = [r.detail for r in plain.rejects if r.detail]
+    if isinstance(doc, list) and fmt != "codex":  # codex does not reject on the type field: it has none of its own
+        assert details and _leaked(" ".join(details))
+
+    result = run_import(fmt, [path], ImportOptions(redact=True))
+    assert len(result.trajectories) == len(plain.trajectories)
+    written = json.dumps([t.to_json_dict() for t in result.trajectories], ensure_ascii=False)
+    written += json.dumps([r.as_dict() for r in result.rejects], ensure_ascii=False)
+    assert _leaked(written) == []
+    assert all(r.detail for r in result.rejects if r.detail is not None)
+
+
+def test_debug_prints_what_unknown_records_carried_redacted(tmp_path):
+    """``--debug import --redact`` prints each unknown record's detail after redaction: no secret of the
+    corpus in the terminal output, the placeholders instead (Pi: an entry of an unknown type)."""
+    from test_import_pi import _v3_session
+
+    planted = " | ".join(t.format(s) for _, s, t in CORPUS)
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*_v3_session(), {**_UNKNOWN, "note": planted}]))
+    res = CliRunner().invoke(app, ["--debug", "import", "pi", str(path), "-o", str(tmp_path / "o.jsonl"), "--redact"])
+    assert res.exit_code == 0, res.output
+    assert "carried: " in res.output and "<API_KEY_" in res.output
+    assert _leaked(res.output) == []
+
+
+def test_a_secret_cut_by_the_detail_limit_leaves_no_fragment():
+    """``detail`` is cut at 600 characters (importers.base.carried). Here the cut falls 11 characters
+    into a Stripe key: ``sk_live_51H`` is too short for the key's pattern (10+ characters after
+    ``sk_live_``), so the redactor drops the token run the cut ends in; the text before it stays."""
+    from memorywalker.importers.base import ImportResult, carried
+    from memorywalker.importers.redact import redact_import
+
+    secret = "sk_live_51HqLyjWDarjtT1zdp7dc"
+    head = '{"type":"weird","note":"'
+    obj = {"type": "weird", "note": "x" * (600 - len(head) - 12) + " " + secret}
+    detail = carried(obj)
+    assert detail[:600].endswith(" sk_live_51H")
+    result = ImportResult()
+    result.reject("s.jsonl", 1, "unknown_record_type", "line 1: record type 'weird'", detail=detail)
+    redact_import(result)
+    (r,) = result.rejects
+    total = len(json.dumps(obj, separators=(",", ":")))
+    assert "sk_live" not in r.detail and r.detail == detail[:600 - len(" sk_live_51H")] + f" … ({total} chars)"

@@ -11,9 +11,13 @@ full disk leaves the previous file and says ``FILE: No space left on device`` (e
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import typer
+
+from memorywalker.importers import IMPORTERS
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +25,8 @@ def register(app: typer.Typer) -> None:
 
 
 def import_logs(
-    format: str = typer.Argument(..., help="claude-code | codex | opencode | openhands | swe-agent | qwen-agent | openai-chat"),
+    ctx: typer.Context,
+    format: str = typer.Argument(..., help=" | ".join(IMPORTERS)),
     paths: list[Path] = typer.Argument(..., exists=True, help="log files or directories"),
     output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL to write"),
     redact: bool = typer.Option(False, "--redact", help="replace secrets, credentials, e-mails, phone numbers, private IPs, home paths and "
@@ -35,7 +40,8 @@ def import_logs(
     from rich.table import Table
 
     from memorywalker.fileio import atomic_write
-    from memorywalker.importers import IMPORTERS, ImportOptions, run_import
+    from memorywalker.importers import ImportOptions, run_import
+    from memorywalker.importers.billed import check_counts
     from memorywalker.records import write_trajectories
 
     if format not in IMPORTERS:
@@ -75,7 +81,21 @@ def import_logs(
         table.add_row(f"kept with a warning: {reason}", str(n))
     for kind, n in c["skipped_by_kind"].items():
         table.add_row(f"skipped: {kind}", str(n))
-    Console().print(table)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    checks = Table(title="contexts checked against billed prompt tokens (docs/importers.md)")
+    for col in ("file", "verified", "unverified", "unchecked"):
+        checks.add_column(col, justify="left" if col == "file" else "right")
+    counts = check_counts(result.trajectories)
+    common = os.path.commonpath([str(Path(p).parent) for p in counts]) if len(counts) > 1 else None
+    for source, n in sorted(counts.items()):
+        checks.add_row(os.path.relpath(source, common) if common else source, str(n["verified"]),
+                       str(n["unverified"]), str(n["unchecked"]))
+    console.print(checks)
+    if ctx.meta.get("memorywalker.debug"):  # what unknown records carried
+        for r in result.rejects:
+            if r.detail is not None:
+                typer.echo(f"{r.source}:{r.line} {r.reason}: {r.message}\n  carried: {r.detail}")
     typer.echo(f"wrote {c['trajectories']} trajectories to {output}; {len(result.rejects)} rejects to {rejects_path}")
     if strict and (c["rejected"] or c["dropped_by_reason"]):
         raise ValueError(f"{inputs}: --strict and {c['rejected']} records rejected"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def inspect(
     reader = TrajectoryReader(file, rejects_path=rejects, vocab_size=len(tok))
     per: list[TreeStats] = []
     total = TreeStats(id="total")
+    checks = Counter({k: 0 for k in ("verified", "unverified", "unchecked")})  # importers/billed.py
     for traj in tqdm(reader, desc="inspect", unit="traj", disable=as_json or not sys.stderr.isatty()):
+        checks.update(c.meta.get("context_check", "unchecked") for c in traj.calls)
         st = tree_stats(renderer.render(traj))
         per.append(st)
         total.add(st)
@@ -106,10 +109,13 @@ def inspect(
 
     if as_json:
         out = {"file": str(file), "read": reader.summary.as_dict(),
-               "trajectories": [s.as_dict() for s in per], "total": total.as_dict(), "occupancy": asdict(occ)}
+               "trajectories": [s.as_dict() for s in per], "total": total.as_dict(), "occupancy": asdict(occ),
+               "context_check": dict(checks)}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     _print_inspect(per, total, occ, reader)
+    console.print(f"calls checked against billed prompt tokens: verified {checks['verified']}, unverified "
+                  f"{checks['unverified']}, unchecked {checks['unchecked']}")
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:

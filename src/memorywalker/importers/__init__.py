@@ -10,7 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from memorywalker.importers import claude_code, codex, openai_chat, opencode, openhands, qwen_agent, swe_agent
+from memorywalker.importers import (
+    claude_code,
+    cline,
+    codex,
+    gemini_cli,
+    hf_traces,
+    openai_chat,
+    opencode,
+    openhands,
+    pi,
+    qwen_agent,
+    roo_code,
+    swe_agent,
+)
 from memorywalker.importers.base import IMPORT_REASONS, ImportOptions, ImportReject, ImportResult
 from memorywalker.importers.redact import Redactor, redact_import
 
@@ -18,11 +31,16 @@ Importer = Callable[[list[Path], ImportOptions], ImportResult]
 
 IMPORTERS: dict[str, Importer] = {
     "claude-code": claude_code.import_paths,
+    "cline": cline.import_paths,
     "codex": codex.import_paths,
+    "gemini-cli": gemini_cli.import_paths,
+    "hf-traces": hf_traces.import_paths,
     "openai-chat": openai_chat.import_paths,
     "opencode": opencode.import_paths,
     "openhands": openhands.import_paths,
+    "pi": pi.import_paths,
     "qwen-agent": qwen_agent.import_paths,
+    "roo-code": roo_code.import_paths,
     "swe-agent": swe_agent.import_paths,
 }
 

@@ -34,6 +34,7 @@ IMPORT_REASONS: dict[str, str] = {
     "parent_cycle": "a record's parent links loop: the context behind it is cut where the loop closes",
     "orphan_tool_result": "a tool result answers no tool call of its context; it was left out",
     "no_calls": "the input holds no model call",
+    "wrong_type": "a field that names or links a record (type, role, id, parent, tool-call id, ...) holds a list or an object",
     # A warning (kept): a subagent transcript imported without its session file.
     "orphan_subagent": "a subagent transcript whose session file is absent; imported on its own, not linked to its spawning call",
     # A built trajectory failed check_trajectory: the reason is "invalid_trajectory:<code>".
@@ -48,10 +49,14 @@ class ImportReject:
     reason: str
     message: str
     kept: bool = False  # the record itself was still used (e.g. missing_parent: its context is cut)
+    detail: str | None = None  # what the record carried (unknown types), abridged: see ``carried``
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message,
-                "kept": self.kept}
+        out = {"source": self.source, "line": self.line, "reason": self.reason, "message": self.message,
+               "kept": self.kept}
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass
@@ -68,9 +73,10 @@ class ImportResult:
         """Records rejected (file- and trajectory-level rejects and kept records do not count)."""
         return sum(1 for r in self.rejects if r.line is not None and not r.kept)
 
-    def reject(self, source: str | Path, line: int | None, reason: str, message: str, kept: bool = False) -> None:
+    def reject(self, source: str | Path, line: int | None, reason: str, message: str, kept: bool = False,
+               detail: str | None = None) -> None:
         assert reason.split(":")[0] in IMPORT_REASONS, reason
-        self.rejects.append(ImportReject(str(source), line, reason, message, kept))
+        self.rejects.append(ImportReject(str(source), line, reason, message, kept, detail))
 
     def add(self, other: ImportResult) -> None:
         self.trajectories += other.trajectories
@@ -122,6 +128,12 @@ class ImportOptions:
     count_tokens: Any = None  # qwen-agent: callable(str) -> int; default len(text.encode()) // 4
 
 
+def files_under(paths: list[Path], pattern: str = "*.jsonl") -> Iterator[Path]:
+    """Each input file, or the files matching ``pattern`` anywhere under an input folder (sorted)."""
+    for path in paths:
+        yield from sorted(path.rglob(pattern)) if path.is_dir() else [path]
+
+
 def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
     """Yield ``(line number, object)`` for every good line; reject the others (counted as read), among
     them lines over the size or depth limit (:mod:`memorywalker.records.limits`): one such line never
@@ -150,6 +162,10 @@ def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
             continue
         if not isinstance(obj, dict):
             result.reject(path, i, "not_an_object", f"line {i}: got a JSON {type(obj).__name__}")
+            continue
+        bad = wrong_key_field(obj)
+        if bad is not None:
+            result.reject(path, i, "wrong_type", f"line {i}: {bad} is not text", detail=carried(obj))
             continue
         yield i, obj
 
@@ -180,6 +196,78 @@ def loads_deep_limited(text: str | bytes) -> Any:
     return loads(text, dataclasses.replace(limits, max_bytes=len(text)))
 
 
+def carried(obj: Any, limit: int = 600) -> str:
+    """What an unknown record carried, as compact JSON cut to ``limit`` characters (``--debug`` shows it).
+
+    >>> carried({"type": "x", "text": "a" * 10}, limit=24)
+    '{"type":"x","text":"aaaa… (32 chars)'
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+# Fields that name, type or link records in the formats read here: they must be scalars.
+KEY_FIELDS = frozenset({
+    "type", "role", "id", "uuid", "parentUuid", "parentId", "parentID", "logicalParentUuid", "subtype", "sessionId",
+    "sessionID", "messageID", "requestId", "tool_use_id", "tool_call_id", "call_id", "callID", "toolCallId",
+    "toolUseId", "name", "tool", "toolName", "function_name", "model", "modelID", "providerID", "provider", "api",
+    "condenseId", "condenseParent", "truncationId", "truncationParent", "firstKeptEntryId", "tail_start_id",
+    "stopReason", "stop_reason", "status", "source", "action", "observation", "say", "ask", "$rewindTo",
+    "anchorUuid", "headUuid", "tailUuid", "agentId", "customType", "fromId", "targetId", "reminderType",
+})
+
+
+# Free-form payloads (tool inputs and outputs, provider metadata): their fields are data, not links.
+FREE_FORM = frozenset({"input", "arguments", "args", "toolUseResult", "extras", "output", "response", "result",
+                       "metadata", "details", "data", "parameters", "schema", "snapshot", "providerMetadata",
+                       "callProviderMetadata", "usage", "tokens", "cost", "raw"})
+
+
+def wrong_key_field(obj: Any, depth: int = 0) -> str | None:
+    """The path of the first field of :data:`KEY_FIELDS` whose value is a list or an object, or None
+    (free-form payloads, :data:`FREE_FORM`, are not looked into).
+
+    >>> wrong_key_field({"type": "user", "message": {"role": ["user"]}})
+    'message.role'
+    """
+    if depth > 16:
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        if isinstance(v, dict | list):
+            if isinstance(k, str) and k in KEY_FIELDS:
+                return k
+            if isinstance(k, str) and k in FREE_FORM:
+                continue
+            inner = wrong_key_field(v, depth + 1)
+            if inner is not None:
+                return f"{k}.{inner}"
+    return None
+
+
+def as_text(x: Any) -> str:
+    """A field that should be text: itself, "" for a missing one, else its JSON."""
+    return x if isinstance(x, str) else "" if x is None else json.dumps(x, ensure_ascii=False, default=str)
+
+
+def opt_str(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def opt_int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def as_list(x: Any) -> list:
+    """A field that should be a list: itself, else empty."""
+    return x if isinstance(x, list) else []
+
+
+def str_list(x: Any) -> list[str]:
+    """A field that should be a list of strings: its strings (anything else dropped)."""
+    return [v for v in x if isinstance(v, str)] if isinstance(x, list) else []
+
+
 def content_text(content: Any) -> str:
     """Plain text of a message content: a string or a list of typed parts (OpenAI/Anthropic/Qwen)."""
     if content is None:
@@ -195,7 +283,9 @@ def content_text(content: Any) -> str:
                 text = part.get("text")
                 if text is None and part.get("type") in ("image", "image_url", "input_image"):
                     text = "[image]"
-                out.append(text or "")
+                out.append(text if isinstance(text, str) else "" if text is None else json.dumps(text, default=str))
+            else:
+                out.append(json.dumps(part, default=str))
         return "\n\n".join(out)
     return json.dumps(content, ensure_ascii=False)
 

@@ -19,7 +19,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from memorywalker.importers.base import ImportOptions, ImportResult, content_text, parse_arguments, read_jsonl
+from memorywalker.importers import billed
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    as_list,
+    as_text,
+    carried,
+    content_text,
+    files_under,
+    parse_arguments,
+    read_jsonl,
+)
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "codex"
@@ -32,14 +43,14 @@ USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
     result = ImportResult()
-    for path in paths:
-        for f in sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]:
-            import_file(f, result)
+    for f in files_under(paths):
+        import_file(f, result)
     return result
 
 
 def _is_output(item: dict) -> bool:
-    return item.get("type") in _OUTPUT or (item.get("type") == "message" and item.get("role") == "assistant")
+    return isinstance(item, dict) and (item.get("type") in _OUTPUT or (item.get("type") == "message"
+                                                                     and item.get("role") == "assistant"))
 
 
 def _key(item: dict) -> str:
@@ -55,6 +66,9 @@ class _Replay:
         self.pending: tuple | None = None
         self.initial: list[str] = []  # initial-context message ids
         self.issued: set[str] = set()
+        self.awaiting: str | None = None  # the call whose token_count has not come yet
+        self.last_total: object = None  # total_token_usage of the latest token_count (repeats carry the same)
+        self.model: str | None = None
 
     def message(self, item: dict, author: str | None = None) -> str | None:
         kind, key = item.get("type"), _key(item)
@@ -96,17 +110,19 @@ class _Replay:
             if kind == "message":
                 texts.append(content_text(it.get("content")))
             elif kind == "reasoning":
-                reasoning += [s.get("text", "") for s in it.get("summary") or []]
-                reasoning += [c.get("text", "") for c in it.get("content") or [] if isinstance(c, dict)]
+                reasoning += [as_text(s.get("text")) for s in as_list(it.get("summary")) if isinstance(s, dict)]
+                reasoning += [as_text(c.get("text")) for c in as_list(it.get("content")) if isinstance(c, dict)]
                 self.result.notes["reasoning_items"] += 1
             elif kind == "function_call":
-                calls.append({"id": it.get("call_id"), "name": it.get("name", ""),
+                calls.append({"id": as_text(it.get("call_id")), "name": as_text(it.get("name")),
                               "arguments": parse_arguments(it.get("arguments"))})
             elif kind == "custom_tool_call":
-                calls.append({"id": it.get("call_id"), "name": it.get("name", ""), "arguments": it.get("input", "")})
+                calls.append({"id": as_text(it.get("call_id")), "name": as_text(it.get("name")),
+                              "arguments": parse_arguments(it.get("input", ""))})
             elif kind == "local_shell_call":
-                calls.append({"id": it.get("call_id") or it.get("id"), "name": "local_shell",
-                              "arguments": it.get("action") or {}})
+                action = it.get("action")
+                calls.append({"id": as_text(it.get("call_id") or it.get("id")), "name": "local_shell",
+                              "arguments": action if isinstance(action, dict) else {}})
             else:
                 self.result.notes[f"output_item:{kind}"] += 1
         mid = self.b.message("assistant", "\n\n".join(texts), reasoning="\n\n".join(r for r in reasoning if r) or None,
@@ -116,6 +132,7 @@ class _Replay:
         self.issued.update(c["id"] for c in calls)
         if self.history:
             cid = self.b.call(list(self.history), mid, finish_reason="tool_calls" if calls else "stop")
+            self.awaiting = cid
             if self.pending:
                 removed, inserted, meta = self.pending
                 self.b.eviction(cid, "summarize", removed, inserted, trigger=meta.pop("trigger", None), meta=meta)
@@ -126,6 +143,9 @@ class _Replay:
         self.run = []
 
     def item(self, item: dict) -> None:
+        if not isinstance(item, dict):
+            self.result.notes["items_not_objects"] += 1
+            return
         if _is_output(item):
             self.run.append(item)
             return
@@ -136,12 +156,39 @@ class _Replay:
             if not self.b.calls and self.b.messages[-1].author == "system":
                 self.initial.append(mid)  # instructions / environment context before the first call
 
+    def token_count(self, payload: dict) -> None:
+        """``event_msg`` / ``token_count``: Codex sends one when a sampling request completes (its
+        ``info.last_token_usage``), and repeats the latest one on other occasions (same
+        ``total_token_usage``). A new one ends the current run of output items and is that call's billed
+        count; one no call awaits belongs to a request that is not a call here (a compaction's)."""
+        info = payload.get("info")
+        if not isinstance(info, dict) or info.get("total_token_usage") == self.last_total:
+            return
+        self.last_total = info.get("total_token_usage")
+        self.flush()
+        last = info.get("last_token_usage") if isinstance(info.get("last_token_usage"), dict) else {}
+        if self.awaiting is None:
+            self.result.notes["token_counts_unattributed"] += 1
+            return
+        call = next(c for c in reversed(self.b.calls) if c.id == self.awaiting)
+        out, reasoning = last.get("output_tokens"), last.get("reasoning_output_tokens")
+        visible = out - reasoning if isinstance(out, int) and isinstance(reasoning, int) else out
+        # input_tokens includes the cached part (cached_input_tokens is a subset of it).
+        b = billed.billed(last.get("input_tokens"), visible, self.model)
+        if b:
+            call.meta["billed_tokens"] = b
+        self.awaiting = None
+
     def compacted(self, payload: dict) -> None:
         self.flush()
+        self.awaiting = None
         before = list(self.history)
         if isinstance(payload.get("replacement_history"), list):
             new = []
             for it in payload["replacement_history"]:
+                if not isinstance(it, dict):
+                    self.result.notes["items_not_objects"] += 1
+                    continue
                 if _is_output(it):
                     key = _key(it)
                     mid = self.by_key.get(key)
@@ -204,12 +251,17 @@ def import_file(path: Path, result: ImportResult) -> None:
         elif kind in ("event_msg", "turn_context", "world_state"):
             # Not replayed into the model history on resume (only response_item and compacted are).
             result.skipped[kind] += 1
+            if kind == "event_msg" and payload.get("type") == "token_count":
+                replay.token_count(payload)
+            elif kind == "turn_context" and isinstance(payload.get("model"), str):
+                replay.model = payload["model"]
         else:
-            result.reject(path, line, "unknown_record_type", f"line {line}: record type {kind!r}")
+            result.reject(path, line, "unknown_record_type", f"line {line}: record type {kind!r}", detail=carried(obj))
     if b is None:
         result.reject(path, None, "no_calls", f"{path.name}: no records")
         return
     replay.flush()
+    billed.check_billed(b, result)
     result.finish(b, path)
 
 

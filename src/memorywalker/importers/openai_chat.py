@@ -11,7 +11,6 @@ inferred eviction of kind ``other``.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,13 @@ from memorywalker.importers.base import (
     ContentTable,
     ImportOptions,
     ImportResult,
+    as_list,
+    as_text,
     content_text,
     infer_evictions,
     parse_arguments,
     read_jsonl,
+    str_list,
 )
 from memorywalker.records import Lineage, Task, ToolSchema, TrajectoryBuilder
 
@@ -36,24 +38,36 @@ _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_ca
 
 def to_fields(m: dict) -> dict[str, Any]:
     """Builder fields of one chat-completions message (also used by the SWE-agent importer)."""
+    if not isinstance(m, dict):
+        return {"role": "user", "content": as_text(m)}
     role = _ROLES.get(m.get("role"), "user")
     out: dict[str, Any] = {"role": role, "content": content_text(m.get("content"))}
-    calls = m.get("tool_calls") or []
-    if m.get("function_call"):
+    calls = [tc for tc in as_list(m.get("tool_calls")) if isinstance(tc, dict)]
+    if isinstance(m.get("function_call"), dict):
         calls = [{"id": m.get("id") or "fc", "function": m["function_call"]}]
     if calls:
-        out["tool_calls"] = [{"id": tc.get("id") or f"tc{i}", "name": (tc.get("function") or {}).get("name", ""),
-                              "arguments": parse_arguments((tc.get("function") or {}).get("arguments"))}
-                             for i, tc in enumerate(calls)]
+        fns = [tc.get("function") if isinstance(tc.get("function"), dict) else {} for tc in calls]
+        out["tool_calls"] = [{"id": as_text(tc.get("id")) or f"tc{i}", "name": as_text(fn.get("name")),
+                              "arguments": parse_arguments(fn.get("arguments"))}
+                             for i, (tc, fn) in enumerate(zip(calls, fns, strict=True))]
     reasoning = m.get("reasoning_content") or m.get("reasoning")
     if reasoning and role == "assistant":
-        out["reasoning"] = reasoning if isinstance(reasoning, str) else json.dumps(reasoning)
+        out["reasoning"] = as_text(reasoning)
     if role == "tool":
-        ids = m.get("tool_call_ids") or []
-        out["tool_call_id"] = m.get("tool_call_id") or (ids[0] if ids else m.get("name") or "")
-        if m.get("name"):
+        ids = str_list(m.get("tool_call_ids"))
+        out["tool_call_id"] = as_text(m.get("tool_call_id")) or (ids[0] if ids else as_text(m.get("name")))
+        if isinstance(m.get("name"), str) and m["name"]:
             out["name"] = m["name"]
     return out
+
+
+def _tool_schema(t: Any) -> ToolSchema | None:
+    fn = t.get("function", t) if isinstance(t, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        return None
+    params = fn.get("parameters")
+    return ToolSchema(name=fn["name"], description=as_text(fn.get("description")),
+                      parameters=params if isinstance(params, dict) else {"type": "object", "properties": {}})
 
 
 def _unwrap(obj: dict) -> tuple[dict | None, dict | None]:
@@ -80,10 +94,11 @@ def import_file(path: Path, result: ImportResult) -> None:
             result.reject(path, line, "missing_field", f"line {line}: no request messages")
             continue
         choices = (resp or {}).get("choices")
-        if not choices or not isinstance(choices[0], dict) or "message" not in choices[0]:
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+                or not isinstance(choices[0].get("message"), dict):
             result.reject(path, line, "missing_field", f"line {line}: no response choice")
             continue
-        meta = obj.get("metadata") or req.get("metadata") or {}
+        meta = next((x for x in (obj.get("metadata"), req.get("metadata")) if isinstance(x, dict)), {})
         key = obj.get("session_id") or obj.get("trajectory_id") or meta.get("session_id") or path.stem
         groups[str(key)].append((line, req, choices[0]))
     for key, pairs in groups.items():
@@ -91,16 +106,15 @@ def import_file(path: Path, result: ImportResult) -> None:
         table = ContentTable(b)
         tools: dict[str, ToolSchema] = {}
         for line, req, choice in pairs:
-            for t in req.get("tools") or []:
-                fn = t.get("function", t)
-                if fn.get("name") and fn["name"] not in tools:
-                    tools[fn["name"]] = ToolSchema(name=fn["name"], description=fn.get("description") or "",
-                                                   parameters=fn.get("parameters") or {"type": "object", "properties": {}})
+            offered = [x for x in map(_tool_schema, as_list(req.get("tools"))) if x is not None]
+            for t in offered:
+                tools.setdefault(t.name, t)
             msgs = [to_fields(m) for m in req["messages"]]
             resp = to_fields({**choice["message"], "role": "assistant"})
             ids = table.context([*msgs, resp])
-            names = [(t.get("function", t)).get("name") for t in req.get("tools") or []]
-            b.call(ids[:-1], ids[-1], finish_reason=_FINISH.get(choice.get("finish_reason"), "unknown"),
+            names = list(dict.fromkeys(t.name for t in offered))
+            finish = choice.get("finish_reason")
+            b.call(ids[:-1], ids[-1], finish_reason=_FINISH.get(finish if isinstance(finish, str) else None, "unknown"),
                    tools=names or None, meta={"line": line, "model": req.get("model")})
             result.imported += 1
         b.tools = list(tools.values())

@@ -24,7 +24,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from memorywalker.importers.base import ImportOptions, ImportResult, loads_deep_limited, read_json
+from memorywalker.importers import billed
+from memorywalker.importers.base import (
+    ImportOptions,
+    ImportResult,
+    carried,
+    loads_deep_limited,
+    read_json,
+    wrong_key_field,
+)
 from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
 FORMAT = "opencode"
@@ -58,7 +66,6 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
             if data is None:
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-                result.read += 1
                 result.reject(path, None, "bad_format", f"{path.name}: not an `opencode export` document")
                 continue
             import_session(data.get("info") or {"id": path.stem}, data["messages"], path, result)
@@ -100,7 +107,7 @@ def _read_db(con: sqlite3.Connection, path: Path, result: ImportResult) -> None:
                 sdata = loads_deep_limited(sdata or "{}")
             except (json.JSONDecodeError, RecordError) as e:
                 result.read += 1
-                result.reject(path, None, "bad_json", f"session {sid}: {e}")
+                result.reject(path, None, e.code if isinstance(e, RecordError) else "bad_json", f"session {sid}: {e}")
                 continue
         msgs: list[Any] = []
         for mid, mdata in con.execute(f"select id, data from message where session_id = ? order by {order}", (sid,)):
@@ -108,8 +115,11 @@ def _read_db(con: sqlite3.Connection, path: Path, result: ImportResult) -> None:
                 info = {"id": mid, "sessionID": sid, **loads_deep_limited(mdata)}
                 parts = [{"id": pid, "messageID": mid, "sessionID": sid, **loads_deep_limited(d)} for pid, d in
                          con.execute("select id, data from part where message_id = ? order by id", (mid,))]
-            except (json.JSONDecodeError, TypeError, RecordError) as e:
-                msgs.append(f"message {mid}: data is not a JSON object ({e})")
+            except RecordError as e:
+                msgs.append((e.code, f"message {mid}: {e.message}"))
+                continue
+            except (json.JSONDecodeError, TypeError) as e:
+                msgs.append(("bad_json", f"message {mid}: data is not a JSON object ({e})"))
                 continue
             msgs.append({"info": info, "parts": parts})
         import_session({"id": sid, **sdata}, msgs, path, result)
@@ -122,122 +132,200 @@ def _session_info(row: dict) -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
-def _time(x: dict) -> float:
-    t = x.get("time") or {}
-    return t.get("created") or t.get("start") or 0
+def _time(x: Any) -> float:
+    t = x.get("time") if isinstance(x, dict) else None
+    t = t if isinstance(t, dict) else {}
+    v = t.get("created") or t.get("start") or 0
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else 0
 
 
-def import_session(info: dict, messages: list[Any], source: Path, result: ImportResult) -> None:
-    tid = str(info.get("id") or source.stem)
-    b = TrajectoryBuilder(tid, task=Task(id=tid), lineage=Lineage(
-        source=FORMAT, source_path=str(source), parent=info.get("parentID"),
-        relation="subagent" if info.get("parentID") else None), meta={"title": info.get("title")} if info.get("title") else {})
-    history: list[tuple[str, float | None, str | None]] = []  # (message id, pruned-at time, placeholder id)
-    start = 0  # index in history where the current view starts
-    compaction_users: dict[str, int] = {}  # user message id -> index in history
-    seen_placeholders: set[str] = set()
-    delivered: set[str] = set()
-    boundary = None
-    for k, entry in enumerate(messages):
-        result.read += 1
-        if isinstance(entry, str):  # a database row whose JSON did not parse
-            result.reject(source, k, "bad_json", entry)
-            continue
-        mi = entry.get("info") if isinstance(entry, dict) else None
-        parts = entry.get("parts") if isinstance(entry, dict) else None
-        if not isinstance(mi, dict) or not isinstance(parts, list) or mi.get("role") not in ("user", "assistant"):
-            result.reject(source, k, "bad_format" if isinstance(entry, dict) else "not_an_object",
-                          f"message #{k} is not {{info: {{role: user|assistant}}, parts: [...]}}")
-            continue
-        result.imported += 1
-        if mi["role"] == "user":
-            texts = []
-            for p in parts:
-                kind = p.get("type")
-                if kind == "text" and not p.get("ignored"):
-                    texts.append(p.get("text", ""))
-                elif kind == "file":
-                    texts.append(f"[file: {p.get('filename') or p.get('url', '')}]")
-                elif kind == "compaction":
-                    texts.append(COMPACTION_TEXT)
-                elif kind == "subtask":
-                    texts.append("The following tool was executed by the user")
-                else:
-                    result.notes[f"user_part_not_sent:{kind}"] += 1
-            is_compaction = any(p.get("type") == "compaction" for p in parts)
-            mid = b.message("user", "\n\n".join(texts), id=mi["id"], author="harness" if is_compaction else "user",
-                            meta={"compaction_request": True} if is_compaction else {})
-            if is_compaction:
-                compaction_users[mi["id"]] = len(history)
-            history.append((mid, None, None))
-            continue
-        if mi.get("error") and not any(p.get("type") in ("text", "tool", "reasoning") for p in parts):
-            result.notes["failed_assistant_messages"] += 1
-            continue
-        # Split into steps: each step-start opens one model call.
+def _dicts(parts: list) -> list[dict]:
+    return [p for p in parts if isinstance(p, dict)]
+
+
+class _Session:
+    """The history of one session as ``toModelMessages(filterCompacted(...))`` sends it to each call."""
+
+    def __init__(self, info: dict, source: Path, result: ImportResult):
+        info = info if isinstance(info, dict) else {}
+        tid = str(info.get("id") or source.stem)
+        self.b = TrajectoryBuilder(tid, task=Task(id=tid), lineage=Lineage(
+            source=FORMAT, source_path=str(source), parent=info.get("parentID"),
+            relation="subagent" if info.get("parentID") else None),
+            meta={"title": info.get("title")} if info.get("title") else {})
+        self.info, self.source, self.result = info, source, result
+        self.history: list[tuple[str, float | None, str | None]] = []  # (message id, pruned-at time, placeholder)
+        self.first_entry: dict[str, int] = {}  # OpenCode message id -> its first index in history
+        self.view: tuple[int, int, list] = (0, 0, [])  # (start, end of the summary, retained tail entries)
+        self.compaction_users: dict[str, tuple[int, str | None]] = {}  # request id -> (index, tail_start_id)
+        self.seen_placeholders: set[str] = set()
+        self.delivered: set[str] = set()
+        self.boundary: tuple[list[str], list[str]] | None = None
+
+    def user(self, mi: dict, parts: list[dict]) -> None:
+        texts = []
+        for p in parts:
+            kind = p.get("type")
+            if kind == "text" and not p.get("ignored"):
+                texts.append(str(p.get("text", "")))
+            elif kind == "file":
+                texts.append(f"[file: {p.get('filename') or p.get('url', '')}]")
+            elif kind == "compaction":
+                texts.append(COMPACTION_TEXT)
+            elif kind == "subtask":
+                texts.append("The following tool was executed by the user")
+            else:
+                self.result.notes[f"user_part_not_sent:{kind}"] += 1
+        request = next((p for p in parts if p.get("type") == "compaction"), None)
+        mid = self.b.message("user", "\n\n".join(texts), id=str(mi["id"]), author="harness" if request else "user",
+                             meta={"compaction_request": True} if request else {})
+        self.first_entry[mi["id"]] = len(self.history)
+        if request is not None:
+            tail = request.get("tail_start_id")
+            self.compaction_users[mi["id"]] = (len(self.history), tail if isinstance(tail, str) else None)
+        self.history.append((mid, None, None))
+
+    def context(self, now: float) -> tuple[list[str], list[tuple[str, str]]]:
+        """The delivered context at time ``now``, and the pruned outputs first cleared for it."""
+        start, head_end, tail = self.view
+        entries = self.history[start:head_end] + tail + self.history[head_end:] if head_end else self.history[start:]
+        context, newly = [], []
+        for mid, pruned, ph in entries:
+            if pruned is not None and now and now >= pruned:
+                context.append(ph)
+                if ph not in self.seen_placeholders:
+                    self.seen_placeholders.add(ph)
+                    if mid in self.delivered:
+                        newly.append((mid, ph))
+                    else:  # pruned before any call saw it: no branch, no eviction
+                        self.result.notes["pruned_before_delivery"] += 1
+            else:
+                context.append(mid)
+        return context, newly
+
+    def assistant(self, mi: dict, parts: list[dict], k: int) -> None:
+        err = mi.get("error")
+        aborted = isinstance(err, dict) and err.get("name") == "MessageAbortedError"
+        if err and not (aborted and any(p.get("type") not in ("step-start", "reasoning") for p in parts)):
+            self.result.notes["failed_assistant_messages"] += 1  # toModelMessages skips it
+            return
         steps: list[list[dict]] = [[]]
         for p in parts:
             if p.get("type") == "step-start" and steps[-1]:
                 steps.append([])
             steps[-1].append(p)
+        self.first_entry[mi["id"]] = len(self.history)
         for n, step in enumerate(steps):
-            texts, reasoning, calls, results = [], [], [], []
-            for p in step:
-                kind = p.get("type")
-                if kind == "text" and not p.get("synthetic_hidden"):
-                    texts.append(p.get("text", ""))
-                elif kind == "reasoning":
-                    reasoning.append(p.get("text", ""))
-                elif kind == "tool":
-                    st = p.get("state") or {}
-                    calls.append({"id": p.get("callID"), "name": p.get("tool", ""), "arguments": st.get("input") or {}})
-                    status = st.get("status")
-                    out = st.get("output", "") if status == "completed" else (
-                        st.get("error", "") if status == "error" else INTERRUPTED)
-                    results.append((p.get("callID"), p.get("tool"), out, (st.get("time") or {}).get("compacted")))
-                elif kind not in ("step-start", "step-finish"):
-                    result.notes[f"assistant_part_not_sent:{kind}"] += 1
-            step_id = mi["id"] if len(steps) == 1 else f"{mi['id']}:{n}"
-            summary = bool(mi.get("summary"))
-            resp = b.message("assistant", "\n\n".join(texts), id=step_id, reasoning="\n\n".join(reasoning) or None,
-                             tool_calls=calls, author="harness" if summary else "model",
-                             meta={"summary": True} if summary else {})
-            now = _time(step[0]) or _time(mi)
-            context, newly = [], []
-            for mid, pruned, ph in history[start:]:
-                if pruned is not None and now and now >= pruned:
-                    context.append(ph)
-                    if ph not in seen_placeholders:
-                        seen_placeholders.add(ph)
-                        if mid in delivered:  # pruned before any call saw it: no branch, no eviction
-                            newly.append((mid, ph))
-                        else:
-                            result.notes["pruned_before_delivery"] += 1
-                else:
-                    context.append(mid)
-            if not context:
-                result.reject(source, k, "missing_parent", f"message {mi['id']}: an assistant message with no history", kept=True)
-                continue
-            cid = b.call(context, resp, finish_reason="tool_calls" if calls else "stop",
-                         meta={"summary_call": True} if summary else {})
-            if boundary is not None:
-                removed, inserted = boundary
-                b.eviction(cid, "summarize", removed, inserted, trigger="auto" if info.get("auto") else None)
-                boundary = None
-            if newly:
-                b.eviction(cid, "placeholder", [m for m, _ in newly], [p for _, p in newly], trigger="prune")
-            delivered.update(context)
-            history.append((resp, None, None))
-            for call_id, tool, out, pruned in results:
-                rid = b.message("tool", str(out), id=f"{step_id}:{call_id}", tool_call_id=call_id, name=tool,
-                                author="environment")
-                ph = None
-                if pruned:
-                    ph = b.message("tool", CLEARED, id=f"{rid}:cleared", tool_call_id=call_id, name=tool, author="harness")
-                history.append((rid, pruned, ph))
-            if summary and mi.get("finish") and mi.get("parentID") in compaction_users:
-                old = [c for c in context]
-                start = compaction_users[mi["parentID"]]
-                new_view = {m for m, _, _ in history[start:]}
-                boundary = ([m for m in old if m not in new_view], [history[start][0], resp])
-    result.finish(b, source)
+            self.step(mi, step, mi["id"] if len(steps) == 1 else f"{mi['id']}:{n}", k, aborted,
+                      usage=mi.get("tokens") if len(steps) == 1 else None)
+
+    def step(self, mi: dict, step: list[dict], step_id: str, k: int, aborted: bool, usage: Any) -> None:
+        texts, reasoning, calls, results = [], [], [], []
+        for p in step:
+            kind = p.get("type")
+            if kind == "text":
+                texts.append(str(p.get("text", "")))
+            elif kind == "reasoning":
+                reasoning.append(str(p.get("text", "")))
+            elif kind == "tool":
+                st = p.get("state") if isinstance(p.get("state"), dict) else {}
+                call_id = str(p.get("callID"))
+                calls.append({"id": call_id, "name": str(p.get("tool", "")),
+                              "arguments": st.get("input") if isinstance(st.get("input"), dict) else {}})
+                status = st.get("status")
+                out = st.get("output", "") if status == "completed" else (
+                    st.get("error", "") if status == "error" else INTERRUPTED)
+                pruned = (st.get("time") or {}).get("compacted") if isinstance(st.get("time"), dict) else None
+                results.append((call_id, p.get("tool"), out, pruned if isinstance(pruned, int | float) else None))
+            elif kind == "step-finish":
+                usage = p.get("tokens", usage)
+            elif kind != "step-start":
+                self.result.notes[f"assistant_part_not_sent:{kind}"] += 1
+        if not (texts or reasoning or calls):
+            self.result.notes["steps_without_output"] += 1  # nothing sent back: toModelMessages drops it
+            return
+        summary = bool(mi.get("summary"))
+        resp = self.b.message("assistant", "\n\n".join(texts), id=step_id, reasoning="\n\n".join(reasoning) or None,
+                              tool_calls=calls, author="harness" if summary else "model",
+                              meta={"summary": True} if summary else {})
+        context, newly = self.context(_time(step[0]) or _time(mi))
+        if not context:
+            self.result.reject(self.source, k, "missing_parent", f"message {mi['id']}: an assistant message with no "
+                               "history", kept=True)
+            return
+        fields: dict[str, Any] = {"purpose": "summarize", "meta": {"summary_call": True}} if summary else {"meta": {}}
+        if aborted:
+            fields.update(selected=False, reason="aborted: the response was cut off (MessageAbortedError)")
+        fields["meta"]["billed_tokens"] = _billed(usage, bool(reasoning), mi)
+        cid = self.b.call(context, resp, finish_reason="tool_calls" if calls else "stop", **fields)
+        if self.boundary is not None:
+            removed, inserted = self.boundary
+            self.b.eviction(cid, "summarize", [m for m in removed if m not in set(context)], inserted,
+                            trigger="auto" if self.info.get("auto") else None)
+            self.boundary = None
+        if newly:
+            self.b.eviction(cid, "placeholder", [m for m, _ in newly], [p for _, p in newly], trigger="prune")
+        self.delivered.update(context)
+        self.history.append((resp, None, None))
+        for call_id, tool, out, pruned in results:
+            rid = self.b.message("tool", str(out), id=f"{step_id}:{call_id}", tool_call_id=call_id,
+                                 name=str(tool) if tool is not None else None, author="environment")
+            ph = self.b.message("tool", CLEARED, id=f"{rid}:cleared", tool_call_id=call_id,
+                                name=str(tool) if tool is not None else None, author="harness") if pruned else None
+            self.history.append((rid, pruned, ph))
+        if summary and mi.get("finish") and not mi.get("error") and mi.get("parentID") in self.compaction_users:
+            self.compact(context, resp, *self.compaction_users[mi["parentID"]])
+
+    def compact(self, context: list[str], resp: str, start: int, tail_start: str | None) -> None:
+        """filterCompacted: later calls see [request, summary, ...] - with ``tail_start_id``, the
+        messages from it up to the request follow the summary ([request, summary, tail..., after])."""
+        tail_idx = self.first_entry.get(tail_start) if tail_start else None
+        tail = self.history[tail_idx:start] if tail_idx is not None and tail_idx < start else []
+        if tail_start and tail_idx is None:
+            self.result.notes["compaction_tail_not_found"] += 1
+        self.view = (start, len(self.history), tail)
+        self.boundary = (list(context), [self.history[start][0], resp])
+
+
+def _billed(tokens: Any, has_reasoning: bool, mi: dict) -> dict | None:
+    """Step ``tokens``: input excludes the cached parts (getUsage), so the prompt is input + cache read
+    + cache write; the response is the output tokens (0 when the step reasoned)."""
+    if not isinstance(tokens, dict):
+        return None
+    cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+    parts = [tokens.get("input"), cache.get("read"), cache.get("write")]
+    prompt = sum(x for x in parts if isinstance(x, int | float) and not isinstance(x, bool))
+    model = f"{mi.get('providerID')}/{mi.get('modelID')}" if mi.get("modelID") else None
+    return billed.billed(prompt, 0 if has_reasoning else tokens.get("output"), model)
+
+
+def import_session(info: dict, messages: list[Any], source: Path, result: ImportResult) -> None:
+    s = _Session(info, source, result)
+    for k, entry in enumerate(messages):
+        result.read += 1
+        if isinstance(entry, tuple):  # a database row whose JSON did not parse: (reason, message)
+            result.reject(source, k, *entry)
+            continue
+        mi = entry.get("info") if isinstance(entry, dict) else None
+        parts = entry.get("parts") if isinstance(entry, dict) else None
+        if not isinstance(mi, dict) or not isinstance(parts, list) or mi.get("role") not in ("user", "assistant") \
+                or not isinstance(mi.get("id"), str):
+            result.reject(source, k, "bad_format" if isinstance(entry, dict) else "not_an_object",
+                          f"message #{k} is not {{info: {{id, role: user|assistant}}, parts: [...]}}",
+                          detail=carried(entry))
+            continue
+        bad = wrong_key_field(entry)
+        if bad is not None:
+            result.reject(source, k, "wrong_type", f"message #{k}: {bad} is not text", detail=carried(entry))
+            continue
+        parts = _dicts(parts)
+        if not parts:  # toModelMessages: `if (msg.parts.length === 0) continue`
+            result.skipped["message_without_parts"] += 1
+            continue
+        result.imported += 1
+        if mi["role"] == "user":
+            s.user(mi, parts)
+        else:
+            s.assistant(mi, parts, k)
+    billed.check_billed(s.b, result)
+    result.finish(s.b, source)

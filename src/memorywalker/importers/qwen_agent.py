@@ -20,10 +20,13 @@ from pathlib import Path
 from memorywalker.importers.base import (
     ImportOptions,
     ImportResult,
+    as_text,
     content_text,
+    opt_str,
     parse_arguments,
     read_json,
     read_jsonl,
+    wrong_key_field,
 )
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
@@ -70,7 +73,10 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
                 data = read_json(f, result)
                 if data is None:
                     continue
-                lists = [(None, data)] if data and isinstance(data[0], dict) else list(enumerate(data or [], 1))
+                if not isinstance(data, list):
+                    result.reject(f, None, "bad_format", f"{f.name}: not a message list (or a list of them)")
+                    continue
+                lists = [(1, data)] if data and isinstance(data[0], dict) else list(enumerate(data, 1))
                 result.read += len(lists)
             for k, (line, messages) in enumerate(lists):
                 import_messages(messages, f, line, f"{f.stem}" + (f"-{k}" if len(lists) > 1 else ""), options, result)
@@ -78,7 +84,8 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
 
 
 def import_messages(messages, path: Path, line, traj_id: str, options: ImportOptions, result: ImportResult) -> None:
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") in _ROLES for m in messages):
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and wrong_key_field(m) is None
+                                                 and m.get("role") in _ROLES for m in messages):
         result.reject(path, line, "bad_format", f"{traj_id}: not a list of Qwen-Agent messages")
         return
     result.imported += 1
@@ -101,7 +108,7 @@ def import_messages(messages, path: Path, line, traj_id: str, options: ImportOpt
                     ids.append("")
                 else:
                     ids.append(b.message("tool", content_text(m.get("content")), tool_call_id=tcid,
-                                         name=m.get("name"), author="environment"))
+                                         name=opt_str(m.get("name")), author="environment"))
             else:
                 ids.append(b.message(m["role"], content_text(m.get("content")),
                                      author="system" if m["role"] == "system" else "user"))
@@ -111,11 +118,11 @@ def import_messages(messages, path: Path, line, traj_id: str, options: ImportOpt
         while j < len(messages) and messages[j]["role"] == "assistant":
             j += 1
         run = messages[i:j]
-        calls = [{"id": f"{traj_id}-fc{i + k}", "name": r["function_call"].get("name", ""),
+        calls = [{"id": f"{traj_id}-fc{i + k}", "name": as_text(r["function_call"].get("name")),
                   "arguments": parse_arguments(r["function_call"].get("arguments"))}
-                 for k, r in enumerate(run) if r.get("function_call")]
+                 for k, r in enumerate(run) if isinstance(r.get("function_call"), dict)]
         resp = b.message("assistant", "".join(content_text(r.get("content")) for r in run),
-                         reasoning="".join(r.get("reasoning_content") or "" for r in run) or None,
+                         reasoning="".join(as_text(r.get("reasoning_content")) for r in run) or None,
                          tool_calls=calls, author="model")
         kept = list(range(i))
         if options.max_input_tokens:

@@ -352,6 +352,25 @@ def redact_import(result, redactor: Redactor | None = None) -> Redactor:
     redactor.scan(data)
     redactor.scan(rejects)
     result.trajectories = [Trajectory.model_validate(redactor.apply(d)) for d in data]
-    result.rejects = [dataclasses.replace(r, source=redactor.apply(r.source), message=redactor.apply(r.message))
+    result.rejects = [dataclasses.replace(r, source=redactor.apply(r.source), message=redactor.apply(r.message),
+                                          detail=None if r.detail is None else redactor.apply(_drop_cut_fragment(r.detail)))
                       for r in result.rejects]
     return redactor
+
+
+# A reject's ``detail`` (what an unknown record carried, ``--debug`` prints it) is cut at a fixed length
+# (importers.base.carried): a secret cut in two is too short for its pattern, so the run of token
+# characters the cut ends in is dropped.
+_CUT = re.compile(r"(?s)^(.*?)[A-Za-z0-9_.~+/=%@:\\-]*(… \(\d+ chars\))$")
+
+
+def _drop_cut_fragment(detail: str) -> str:
+    """``detail`` without the partial token its cut ends in.
+
+    >>> _drop_cut_fragment('{"note":"key sk_live_51Hq… (90 chars)')
+    '{"note":"key … (90 chars)'
+    >>> _drop_cut_fragment('{"type":"x"}')
+    '{"type":"x"}'
+    """
+    m = _CUT.match(detail)
+    return m.group(1) + m.group(2) if m else detail

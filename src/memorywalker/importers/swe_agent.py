@@ -22,14 +22,17 @@ trajectories are marked ``meta.reconstructed = "history"``: black-box contexts, 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from memorywalker.importers.base import (
     ContentTable,
     ImportOptions,
     ImportResult,
+    carried,
     content_text,
     infer_evictions,
     read_json,
+    wrong_key_field,
 )
 from memorywalker.importers.openai_chat import to_fields
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
@@ -45,13 +48,18 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
     return result
 
 
+def _dict_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(m, dict) for m in x)
+
+
 def delivered_contexts(steps: list[dict]) -> list[tuple[list[dict], dict]]:
     """(messages sent, response message) per step, from the recorded step messages."""
     out = []
     for i, step in enumerate(steps):
         if "query" in step:
             sent = step["query"]
-            recorded = step.get("messages") or [*sent, {"role": "assistant", "content": step.get("response", "")}]
+            recorded = step.get("messages") if isinstance(step.get("messages"), list) else []
+            recorded = recorded or [*sent, {"role": "assistant", "content": step.get("response", "")}]
             response = recorded[len(sent)] if len(recorded) > len(sent) else {"role": "assistant",
                                                                                "content": step.get("response", "")}
         else:
@@ -69,14 +77,13 @@ def import_file(path: Path, result: ImportResult) -> None:
         return
     steps = data.get("trajectory") if isinstance(data, dict) else None
     if not isinstance(steps, list):
-        result.read += 1
         result.reject(path, None, "bad_format", f"{path.name}: no 'trajectory' list")
         return
     if steps and isinstance(data.get("history"), list) and all(
             isinstance(s, dict) and "query" not in s and "messages" not in s for s in steps):
         import_history(path, data, result)
         return
-    info = data.get("info") or {}
+    info = data.get("info") if isinstance(data.get("info"), dict) else {}
     b = TrajectoryBuilder(path.stem, task=Task(id=path.stem.split("__function")[0]),
                           lineage=Lineage(source=FORMAT, source_path=str(path)),
                           meta={"exit_status": info.get("exit_status")} if info.get("exit_status") else {})
@@ -84,13 +91,19 @@ def import_file(path: Path, result: ImportResult) -> None:
     good = []
     for i, step in enumerate(steps):
         result.read += 1
-        if not isinstance(step, dict) or not (isinstance(step.get("query"), list) or isinstance(step.get("messages"), list)):
-            result.reject(path, i, "missing_field", f"step {i} records neither 'query' nor 'messages'")
+        if not isinstance(step, dict) or not (_dict_list(step.get("query")) or _dict_list(step.get("messages"))):
+            result.reject(path, i, "missing_field", f"step {i} records neither 'query' nor 'messages' (lists of "
+                          "message objects)", detail=carried(step))
             continue
+        if wrong_key_field(step) is not None:
+            result.reject(path, i, "wrong_type", f"step {i}: {wrong_key_field(step)} is not text", detail=carried(step))
+            continue
+        if "query" in step and not _dict_list(step["query"]):
+            step = {k: v for k, v in step.items() if k != "query"}  # a query that is no message list: use messages
         if "query" not in step and not any(m.get("role") == "assistant" for m in step["messages"]):
             result.reject(path, i, "missing_field", f"step {i} has no assistant message")
             continue
-        if "query" not in step and good and good[-1][0] != i - 1:
+        if "query" not in step and good and (good[-1][0] != i - 1 or not _dict_list(good[-1][1].get("messages"))):
             result.reject(path, i, "missing_parent", f"step {i}: step {i - 1} is unusable, so its sent messages are unknown")
             continue
         good.append((i, step))
@@ -186,7 +199,7 @@ def import_history(path: Path, data: dict, result: ImportResult) -> None:
         result.reject(path, None, "bad_format", f"{path.name}: history entry {bad} has no role/content")
         return
     assistant = [i for i, m in enumerate(entries) if m["role"] == "assistant"]
-    info = data.get("info") or {}
+    info = data.get("info") if isinstance(data.get("info"), dict) else {}
     meta = {"reconstructed": "history", "history_processors": [p["type"] for p in processors]}
     if config_path is None:
         meta["history_processors"] = "unknown: no args.yaml beside the file"

@@ -6,6 +6,10 @@ Claude Code turns each attachment into API messages with ``normalizeAttachmentFo
 synthetic Read / Bash tool use plus its result. The texts below follow that function for the types
 listed in :data:`RENDERERS`; :data:`NOT_SENT` are types it maps to no message (metadata: skipped,
 counted). Any other type is unknown to this importer: its delivered text cannot be reconstructed.
+:data:`INFERRED_TEXT` names the types whose wording comes from one Claude Code version (2.1.88, as
+published in reconstructions of its source: ``normalizeAttachmentForAPI``, ``getAutoModeInstructions``,
+``buddy/prompt.ts companionIntroText``); other versions may word them differently, so their messages
+carry ``meta.inferred_text``.
 
 >>> render({"type": "nested_memory", "content": {"path": "/p/CLAUDE.md", "content": "be terse"}})
 [{'role': 'user', 'content': '<system-reminder>\\nContents of /p/CLAUDE.md:\\n\\nbe terse\\n</system-reminder>'}]
@@ -18,6 +22,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+
+from memorywalker.importers.base import as_list
 
 # normalizeAttachmentForAPI returns [] for these: they never reach the model.
 NOT_SENT = {
@@ -73,7 +79,7 @@ def _todo(a: dict) -> list[dict]:
 
 
 def _task(a: dict) -> list[dict]:
-    items = "\n".join(f"#{t.get('id')}. [{t.get('status')}] {t.get('subject')}" for t in a.get("content") or [])
+    items = "\n".join(f"#{t.get('id')}. [{t.get('status')}] {t.get('subject')}" for t in as_list(a.get("content")))
     msg = ("The task tools haven't been used recently. If you're working on tasks that would benefit from "
            "tracking progress, consider using TaskCreate to add new tasks and TaskUpdate to update task status "
            "(set to in_progress when starting, completed when done). Also consider cleaning up the task list if "
@@ -167,6 +173,49 @@ RENDERERS: dict[str, Callable[[dict], list[dict]]] = {
 }
 
 
+def _companion_intro(a: dict) -> list[dict]:
+    name, species = a.get("name"), a.get("species")
+    return _user(
+        f"# Companion\n\nA small {species} named {name} sits beside the user's input box and occasionally comments in a "
+        f"speech bubble. You're not {name} — it's a separate watcher.\n\nWhen the user addresses {name} directly (by "
+        "name), its bubble will answer. Your job in that moment is to stay out of the way: respond in ONE line or less, "
+        f"or just answer any part of the message meant for you. Don't explain that you're not {name} — they know. "
+        f"Don't narrate what {name} might say — the bubble handles that.")
+
+
+_AUTO_MODE_FULL = (
+    "## Auto Mode Active\n\nAuto mode is active. The user chose continuous, autonomous execution. You should:\n\n"
+    "1. **Execute immediately** — Start implementing right away. Make reasonable assumptions and proceed on low-risk "
+    "work.\n"
+    "2. **Minimize interruptions** — Prefer making reasonable assumptions over asking questions for routine decisions.\n"
+    "3. **Prefer action over planning** — Do not enter plan mode unless the user explicitly asks. When in doubt, start "
+    "coding.\n"
+    "4. **Expect course corrections** — The user may provide suggestions or course corrections at any point; treat "
+    "those as normal input.\n"
+    "5. **Do not take overly destructive actions** — Auto mode is not a license to destroy. Anything that deletes data "
+    "or modifies shared or production systems still needs explicit user confirmation. If you reach such a decision "
+    "point, ask and wait, or course correct to a safer method instead.\n"
+    "6. **Avoid data exfiltration** — Post even routine messages to chat platforms or work tickets only if the user has "
+    "directed you to. You must not share secrets (e.g. credentials, internal documentation) unless the user has "
+    "explicitly authorized both that specific secret and its destination.")
+_AUTO_MODE_SPARSE = ("Auto mode still active (see full instructions earlier in conversation). Execute autonomously, "
+                     "minimize interruptions, prefer action over planning.")
+
+RENDERERS.update({
+    "companion_intro": _companion_intro,
+    "auto_mode": lambda a: _user(_AUTO_MODE_SPARSE if a.get("reminderType") == "sparse" else _AUTO_MODE_FULL),
+    "auto_mode_exit": lambda a: _user(
+        "## Exited Auto Mode\n\nYou have exited auto mode. The user may now want to interact more directly. You "
+        "should ask clarifying questions when the approach is ambiguous rather than making assumptions."),
+    "plan_mode_exit": lambda a: _user(
+        "## Exited Plan Mode\n\nYou have exited plan mode. You can now make edits, run tools, and take actions."
+        + (f" The plan file is located at {a.get('planFilePath')} if you need to reference it." if a.get("planExists")
+           else "")),
+})
+INFERRED_TEXT = {k: "wording of Claude Code 2.1.88; other versions may differ"
+                 for k in ("companion_intro", "auto_mode", "auto_mode_exit", "plan_mode_exit")}
+
+
 def render(attachment: dict) -> list[dict] | None:
     """Messages (``role``, ``content``, optional ``tool_calls`` / ``name``) Claude Code sends for one
     attachment: ``[]`` when it sends none, ``None`` when the type is unknown here."""
@@ -174,4 +223,9 @@ def render(attachment: dict) -> list[dict] | None:
     if kind in NOT_SENT:
         return []
     fn = RENDERERS.get(kind)
-    return None if fn is None else fn(attachment)
+    if fn is None:
+        return None
+    try:
+        return fn(attachment)
+    except (AttributeError, TypeError, KeyError):  # fields not of the shape Claude Code writes: text unknown
+        return None

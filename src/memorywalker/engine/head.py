@@ -10,15 +10,19 @@ applied here to those hidden states in chunks of ``chunk`` rows:
     z = transform(head(h)) / T                      (fp32; transform = the model's soft-capping/scale)
     log p(y) = z_y − logsumexp(z)
 
-A chunk's forward keeps no [c, V] tensor alive: under autograd each chunk is checkpointed
-(non-reentrant), so its backward recomputes the chunk's logits and frees them again. The gradient of
-the log-probability is formed in one [c, V] buffer (:class:`_LabelLogprob`):
+A chunk's forward keeps no [c, V] tensor alive; its backward recomputes the chunk's logits and forms
+the gradient of the log-probability in place,
 
     ∂ log p(y) / ∂z_v = 1[v = y] − softmax(z)_v
 
-Peak memory is therefore one chunk's logits and their gradient, whatever the number of targets. The
-same holds for SDCC's KL (:func:`chunked_forward_kl`: the teacher's distribution is recomputed from its
-detached hidden states inside the student's chunk) and the drift metric (:func:`chunked_total_variation`).
+A plain ``nn.Linear`` head (tied or not) runs all chunks in one autograd function
+(:class:`_LinearLabelLogprob`: saves the hidden states and the log-sum-exps, recomputes each chunk's
+logits once in the backward, accumulates the weight gradient in one [V, H] buffer); any other head (a
+PEFT-wrapped one, whose adapter must see the input) runs each chunk under a non-reentrant activation
+checkpoint (:class:`_LabelLogprob` on its logits). Peak memory is one chunk's logits and their
+gradient, whatever the number of targets. The same holds for SDCC's KL (:func:`chunked_forward_kl`: the
+teacher's distribution is recomputed from its detached hidden states inside the student's chunk) and
+the drift metric (:func:`chunked_total_variation`).
 
 No fused GPU kernel (Liger's fused linear cross-entropy and the like) is used: they return a reduced loss
 over a plain weight matrix, not per-target log-probabilities through a PEFT-wrapped head, and no GPU was

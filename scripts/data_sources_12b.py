@@ -9,14 +9,14 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memorywalker.data.acc import compile_record, qa_accuracy
-from memorywalker.data.augment import augment_record, make_schema_map
-from memorywalker.data.transfer import paired, report, transfer_rows
-from memorywalker.evaluate import Candidate, EvalConfig
+from memorywalker.eval.evaluate import Candidate, EvalConfig
+from memorywalker.eval.transfer import paired, report, transfer_rows
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences
 from memorywalker.modelkit import default_kit
 from memorywalker.recipes.sft import SFTConfig, train
 from memorywalker.rollout import ExpertPolicy, HarnessConfig, HFPolicy, WebSearchEnv, rollout
+from memorywalker.transforms.acc import compile_record, qa_accuracy
+from memorywalker.transforms.augment import augment_record, make_schema_map
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/ds12b")
 SIZE = {"n_cities": 2, "n_companies": 3, "n_people": 3, "n_distractors": 2}

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from memorywalker.data.acc import compile_record, qa_answer, visited_and_candidates
 from memorywalker.rollout import ExpertPolicy, HarnessConfig, WebSearchEnv, run_episode
+from memorywalker.transforms.acc import compile_record, qa_answer, visited_and_candidates
 
 SMALL = {"n_cities": 2, "n_companies": 3, "n_people": 3, "n_distractors": 2}
 

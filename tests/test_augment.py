@@ -7,15 +7,6 @@ import json
 
 import pytest
 
-from memorywalker.data.augment import (
-    AugmentedEnv,
-    RenamedPolicy,
-    augment_record,
-    check_no_old_identifiers,
-    make_schema_map,
-    render_tokens,
-    surviving_identifiers,
-)
 from memorywalker.records.schema import Task, ToolSchema
 from memorywalker.rollout import (
     Environment,
@@ -24,6 +15,15 @@ from memorywalker.rollout import (
     StepResult,
     WebSearchEnv,
     run_episode,
+)
+from memorywalker.transforms.augment import (
+    AugmentedEnv,
+    RenamedPolicy,
+    augment_record,
+    check_no_old_identifiers,
+    make_schema_map,
+    render_tokens,
+    surviving_identifiers,
 )
 
 SMALL = {"n_cities": 2, "n_companies": 3, "n_people": 3, "n_distractors": 2}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memorywalker.data.dagger import DaggerConfig, run_dagger
-from memorywalker.data.distill import WEBSEARCH_GUIDANCE, distill, filter_teacher, strip_guidance
+from memorywalker.recipes.dagger import DaggerConfig, run_dagger
 from memorywalker.records import read_trajectories
 from memorywalker.rollout import (
     ExpertPolicy,
@@ -15,6 +14,7 @@ from memorywalker.rollout import (
     WebSearchEnv,
     run_episode,
 )
+from memorywalker.transforms.distill import WEBSEARCH_GUIDANCE, distill, filter_teacher, strip_guidance
 
 TINY = {"n_cities": 2, "n_companies": 3, "n_people": 3, "n_distractors": 2}
 
@@ -83,7 +83,7 @@ class WrongAnswerer:
 def test_labels_are_admitted_only_when_verification_passes(tokenizer, renderer, learner_is_expert):
     """Expert labels at the wrong answerer's states verify (the expert solves lookup from any of them);
     the wrong answerer's labels at the expert's states never do (reward 0), so none is admitted."""
-    from memorywalker.data.dagger import MixedPolicy, label_records
+    from memorywalker.transforms.dagger import MixedPolicy, label_records
 
     env, verify_env = WebSearchEnv(0, world_size=TINY), WebSearchEnv(0, world_size=TINY)
     learner, labeler = (ExpertPolicy(), WrongAnswerer()) if learner_is_expert else (WrongAnswerer(), ExpertPolicy())
@@ -103,7 +103,7 @@ def test_labels_are_admitted_only_when_verification_passes(tokenizer, renderer, 
 
 def test_beta_one_executes_only_the_labeler(tokenizer):
     """beta = 1 (the default for round 1): every executed response is the labeler's."""
-    from memorywalker.data.dagger import MixedPolicy
+    from memorywalker.transforms.dagger import MixedPolicy
 
     env, verify_env = WebSearchEnv(0, world_size=TINY), WebSearchEnv(0, world_size=TINY)
     mixed = MixedPolicy(WrongAnswerer(), ExpertPolicy(), 1.0, tokenizer, verify_env, max_steps=6)

@@ -14,15 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from memorywalker.demo import (
-    METHODS,
-    QUICK,
-    REFERENCE,
-    readme_table,
-    results_table,
-    run_demo,
-    summary_call_records,
-)
+from memorywalker.metrics.report import REFERENCE, readme_table, results_table
+from memorywalker.recipes.demo import METHODS, QUICK, run_demo, summary_call_records
 from memorywalker.records import check_trajectory
 from memorywalker.rollout import HarnessConfig, rollout
 from memorywalker.rollout.vault import VaultEnv, VaultExpert

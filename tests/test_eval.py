@@ -136,7 +136,7 @@ def test_validity_sfa_and_pre_of_a_scripted_episode(tokenizer):
 def test_failed_trials_are_counted_not_dropped(tokenizer, tmp_path):
     """An endpoint that times out on one task of three: 3 trials, that one a failure (termination
     'error'); the expert solves the other two -> 2/3 accepted, Wilson(2, 3)."""
-    from memorywalker.evaluate import Candidate, EvalConfig, evaluate
+    from memorywalker.eval.evaluate import Candidate, EvalConfig, evaluate
     from memorywalker.rollout import ExpertPolicy
     from memorywalker.rollout.policies import EndpointError
 
@@ -302,7 +302,7 @@ def test_eval_cli_errors_are_one_line(tmp_path):
 def test_trained_suites_come_from_the_run_manifest(tmp_path):
     """A run's final/ next to a training manifest whose config names suite 'bridge' -> ['bridge'] (so
     lookup is held out); a directory without one -> None (unknown)."""
-    from memorywalker.evaluate import _trained_suites
+    from memorywalker.eval.evaluate import _trained_suites
 
     (tmp_path / "run" / "final").mkdir(parents=True)
     (tmp_path / "run" / "training_manifest.json").write_text(json.dumps({"config": {"suite": "bridge"}}))

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from memorywalker.demo import QUICK, readme_table, results_table, run_demo
+from memorywalker.metrics.report import readme_table, results_table
+from memorywalker.recipes.demo import QUICK, run_demo
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from memorywalker.data.transfer import paired, per_task_sfa, regimes, report, transfer_rows
-from memorywalker.evaluate import Candidate, EvalConfig
+from memorywalker.eval.evaluate import Candidate, EvalConfig
+from memorywalker.eval.transfer import paired, per_task_sfa, regimes, report, transfer_rows
 from memorywalker.rollout import ExpertPolicy, WebSearchEnv
 
 SMALL = {"n_cities": 2, "n_companies": 3, "n_people": 3, "n_distractors": 2}

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
+from memorywalker.metrics.tree_stats import occupancy, tree_stats
 from memorywalker.records import TrajectoryBuilder
 from memorywalker.render import ROLE_ID, RenderedCall, RenderedTrajectory, Renderer
 from memorywalker.tree import ConditioningTree
-from memorywalker.tree.stats import occupancy, tree_stats
 
 SYS, USR, AST, TOOL, ART = (ROLE_ID[r] for r in ("system", "user", "assistant", "tool", "artifact"))
 

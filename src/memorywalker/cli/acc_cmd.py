@@ -28,7 +28,7 @@ def compile_acc_cmd(
     """Opened pages (gold) + unvisited results (distractors), shuffled and packed to B; question; notes + answer."""
     from transformers import AutoTokenizer
 
-    from memorywalker.data.acc import compile_file
+    from memorywalker.transforms.acc import compile_file
 
     if tokenizer is None:
         from memorywalker.modelkit import default_kit

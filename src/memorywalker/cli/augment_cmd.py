@@ -32,7 +32,7 @@ def augment_cmd(
     argument — coherently across schemas, calls, observations and errors; report the token expansion."""
     from transformers import AutoTokenizer
 
-    from memorywalker.data.augment import augment_file
+    from memorywalker.transforms.augment import augment_file
 
     if tokenizer is None:
         from memorywalker.modelkit import default_kit

@@ -1,4 +1,4 @@
-"""``memorywalker dagger``: DAgger rounds on the web-search world (memorywalker.data.dagger).
+"""``memorywalker dagger``: DAgger rounds on the web-search world (memorywalker.recipes.dagger).
 
     memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --harness claude-code -o runs/dagger
 
@@ -39,7 +39,7 @@ def dagger_cmd(
     """Roll out the learner, label its states with a verified labeler, aggregate, retrain; per round."""
     import json
 
-    from memorywalker.data.dagger import DaggerConfig, run_dagger
+    from memorywalker.recipes.dagger import DaggerConfig, run_dagger
     from memorywalker.rollout import COMPRESSORS, SUITES
 
     if suite not in SUITES:

@@ -1,4 +1,4 @@
-"""``memorywalker demo``: the embedded default (see memorywalker.demo)."""
+"""``memorywalker demo``: the embedded default (see memorywalker.recipes.demo)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def demo(
 ):
     """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
     from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
-    from memorywalker.demo import FULL, QUICK, readme_table, results_table, run_demo, run_seeds, seeds_table
+    from memorywalker.metrics.report import readme_table, results_table, seeds_table
+    from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds
 
     if seeds > 1 and check_readme is not None:
         raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")

@@ -1,10 +1,10 @@
-"""``memorywalker distill``: context distillation and filtered teacher imitation (memorywalker.data.distill).
+"""``memorywalker distill``: context distillation and filtered teacher imitation (memorywalker.transforms.distill).
 
     memorywalker distill --strip-guidance --guidance-file guidance.txt guided.jsonl -o stripped.jsonl
     memorywalker distill --filter-teacher --teacher expert runs.jsonl -o verified.jsonl
 
 ``--strip-guidance`` without ``--guidance-file`` strips the web-search world's procedural guidance block
-(``memorywalker.data.distill.WEBSEARCH_GUIDANCE``).
+(``memorywalker.transforms.distill.WEBSEARCH_GUIDANCE``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def distill_cmd(
     """Write derived records of INPUT (schema v1, lineage to each parent) and report the token expansion."""
     from tqdm import tqdm
 
-    from memorywalker.data.distill import FILTER_TEACHER, STRIP_GUIDANCE, WEBSEARCH_GUIDANCE, distill
     from memorywalker.records import read_trajectories, write_trajectories
+    from memorywalker.transforms.distill import FILTER_TEACHER, STRIP_GUIDANCE, WEBSEARCH_GUIDANCE, distill
 
     if strip == filter_:
         raise typer.BadParameter("pass exactly one of --strip-guidance, --filter-teacher")

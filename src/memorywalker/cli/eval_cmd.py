@@ -64,7 +64,7 @@ def eval_cmd(
     """Run a checkpoint (and a baseline) on suites under a harness; report acceptance, call validity, cost."""
     from rich.console import Console
 
-    from memorywalker.evaluate import EvalConfig, evaluate, load_candidate, report_tables
+    from memorywalker.eval.evaluate import EvalConfig, evaluate, load_candidate, report_tables
     from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS
 
     if env not in ENVIRONMENTS:

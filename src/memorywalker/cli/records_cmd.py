@@ -88,8 +88,8 @@ def inspect(
     dilution, rightmost-path losses and packing occupancy. Exits 2 when no line was accepted."""
     from tqdm import tqdm
 
+    from memorywalker.metrics.tree_stats import TreeStats, occupancy, tree_stats
     from memorywalker.render import Renderer
-    from memorywalker.tree.stats import TreeStats, occupancy, tree_stats
 
     file = file or _example_path()
     tok = _load_tokenizer(tokenizer)

@@ -1,0 +1,1 @@
+"""Package resources: the bundled corpus (``corpus.txt``) and example records (``examples/``)."""

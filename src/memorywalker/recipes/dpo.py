@@ -62,6 +62,7 @@ from memorywalker.train.step import (
     prepare_training,
     rank_micro_batches,
     reduce_step_metrics,
+    step_trajectories,
     warmup_lr,
 )
 from memorywalker.tree.pairs import (
@@ -185,7 +186,6 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 
 
 def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResult:
-    from memorywalker.recipes.sft import step_trajectories
 
     # --- setup: ranks, inputs (checked before the model loads) ----------------------------------------
     info = init_distributed()

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -51,6 +50,7 @@ from memorywalker.train.step import (
     prepare_training,
     rank_micro_batches,
     reduce_step_metrics,
+    step_trajectories,
     warmup_lr,
 )
 
@@ -62,25 +62,6 @@ class SFTConfig(TrainConfig):
     batch_size: int = 8  # trajectories per optimizer step, over all ranks and micro-batches
     truncated: Literal["exclude", "prefix"] = "exclude"  # responses cut off by the length limit
     run_dir: str = "runs/sft"
-
-
-def step_trajectories(n: int, batch_size: int, step: int, seed: int) -> list[int]:
-    """Indices of the trajectories of optimizer step ``step`` (0-based): the data stream is one seeded
-    permutation of ``range(n)`` per epoch, read ``batch_size`` at a time from position ``step × batch_size``.
-    Pure, so a resumed run reads exactly what an uninterrupted one reads.
-
-    >>> step_trajectories(5, 3, 0, seed=0) + step_trajectories(5, 3, 1, seed=0)[:2] == (
-    ...     np.random.default_rng([0, 0]).permutation(5).tolist())
-    True
-    """
-    pos, out = step * batch_size, []
-    while len(out) < batch_size:
-        epoch, i = divmod(pos, n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        take = min(batch_size - len(out), n - i)
-        out += perm[i:i + take].tolist()
-        pos += take
-    return out
 
 
 def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True) -> TrainResult:

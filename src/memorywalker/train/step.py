@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from memorywalker.train.adapter import apply_adapter, trainable_parameters
@@ -139,3 +140,22 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     [0.25, 0.5, 0.75, 1.0, 1.0]
     """
     return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else lr
+
+
+def step_trajectories(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Indices of the trajectories of optimizer step ``step`` (0-based): the data stream is one seeded
+    permutation of ``range(n)`` per epoch, read ``batch_size`` at a time from position ``step × batch_size``.
+    Pure, so a resumed run reads exactly what an uninterrupted one reads.
+
+    >>> step_trajectories(5, 3, 0, seed=0) + step_trajectories(5, 3, 1, seed=0)[:2] == (
+    ...     np.random.default_rng([0, 0]).permutation(5).tolist())
+    True
+    """
+    pos, out = step * batch_size, []
+    while len(out) < batch_size:
+        epoch, i = divmod(pos, n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        take = min(batch_size - len(out), n - i)
+        out += perm[i:i + take].tolist()
+        pos += take
+    return out

@@ -1,4 +1,4 @@
-"""Transfer evaluation: closed-loop evaluation (``memorywalker.evaluate``) in three regimes.
+"""Transfer evaluation: closed-loop evaluation (``memorywalker.eval.evaluate``) in three regimes.
 
 * ``new-tasks`` — held-out (test split) tasks on the familiar schema;
 * ``renamed-schema`` — familiar (train split) tasks on a renamed and reordered schema (a schema map whose
@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memorywalker.data.augment import AugmentedEnv, make_schema_map
-from memorywalker.evaluate import Candidate, EvalConfig, run_suite
+from memorywalker.eval.evaluate import Candidate, EvalConfig, run_suite
 from memorywalker.metrics.closed_loop import per_task_acceptance, summarize
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences, z_of
+from memorywalker.transforms.augment import AugmentedEnv, make_schema_map
 
 HELD_OUT_SCHEMA_SEED = 10_000  # schema maps of augmented training data use seeds < 10_000
 

@@ -145,8 +145,8 @@ def compile_file(src, out, tokenizer, *, budget: int, seed: int = 0, progress: b
     """Compile every record of ``src`` into ``out``; the counts, rejection reasons and token expansion."""
     from tqdm import tqdm
 
-    from memorywalker.data.augment import render_tokens
     from memorywalker.records import TrajectoryReader, write_trajectories
+    from memorywalker.transforms.augment import render_tokens
 
     worlds: dict[str, Any] = {}
     out_recs, reasons, tp, tc = [], {}, 0, 0

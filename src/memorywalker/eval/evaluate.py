@@ -124,28 +124,76 @@ def _trained_suites(model_dir: Path) -> list[str] | None:
 
 # --- running --------------------------------------------------------------------------------------------
 
-def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: Path) -> list[dict[str, Any]]:
-    """Run every planned episode of ``suite``; write the finished ones to ``out``; return one row per trial.
+def play(env, jobs: list, policy, tokenizer, harness, *, lockstep: bool = False) -> list:
+    """The episodes of ``jobs`` (:class:`~memorywalker.rollout.EpisodeJob`) under ``harness``, in job order.
 
-    A trial whose policy backend fails for good (an endpoint timeout or dropped connection) is counted as
-    a failure row, not dropped.
-    """
+    ``lockstep``: all episodes at once with batched model calls (:func:`memorywalker.rollout.run_episodes`;
+    an HF policy), an error in any raised after the others end. Otherwise one by one, and an episode
+    whose policy backend fails for good (an endpoint timeout or dropped connection) is that error in the
+    list instead of a trajectory: a failed trial, never dropped."""
+    from memorywalker.rollout import run_episode, run_episodes
+
+    if lockstep:
+        return run_episodes(env, jobs, policy, tokenizer, harness)
+    out = []
+    for job in jobs:
+        try:
+            out.append(run_episode(env, job.task, policy, tokenizer, harness, seed=job.seed,
+                                   episode_id=job.episode_id, meta=job.meta))
+        except (ConnectionError, TimeoutError) as err:  # EndpointError is a ConnectionError
+            out.append(err)
+    return out
+
+
+def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: Path) -> list[dict[str, Any]]:
+    """Run every planned episode of ``suite``; write the finished ones to ``out``; return one row per trial
+    (a failed trial too, :func:`play`)."""
     from memorywalker.records import write_trajectories
-    from memorywalker.rollout import plan, run_episode
+    from memorywalker.rollout import EpisodeJob, plan
 
     episodes = plan(env, suite, cfg.n, seed=cfg.seed, harness=harness.name, split=cfg.split, samples=cfg.samples)
+    jobs = [EpisodeJob(e.task, e.seed, e.id, {"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label})
+            for e in episodes]
     rows, trajs = [], []
-    for e in episodes:
-        try:
-            traj = run_episode(env, e.task, cand.policy, cand.tokenizer, harness, seed=e.seed, episode_id=e.id,
-                               meta={"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label})
-        except (ConnectionError, TimeoutError) as err:  # EndpointError is a ConnectionError
-            rows.append(failed_trial_row(e.id, e.task.id, e.sample, f"{type(err).__name__}: {err}"))
+    for e, result in zip(episodes, play(env, jobs, cand.policy, cand.tokenizer, harness), strict=True):
+        if isinstance(result, BaseException):
+            rows.append(failed_trial_row(e.id, e.task.id, e.sample, f"{type(result).__name__}: {result}"))
             continue
-        trajs.append(traj)
-        rows.append(trial_row(traj))
+        trajs.append(result)
+        rows.append(trial_row(result))
     write_trajectories(out, trajs)
     return rows
+
+
+def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *, seed: int, max_new_tokens: int,
+            out: Path) -> dict[str, dict]:
+    """Greedy episodes of ``tasks`` under each harness (in lockstep), written to ``OUT-<harness>.jsonl``
+    (``memorywalker gap`` re-measures them): the reward per task, the mean evictions, and ``method``'s
+    train/rollout gap on them (overall, heavy, floor, by branches). The demo's evaluation."""
+    import numpy as np
+
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.records import write_trajectories
+    from memorywalker.render import Renderer, RenderOptions
+    from memorywalker.rollout import EpisodeJob, HFPolicy
+    from memorywalker.rollout.harness import call_seed
+
+    renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
+    policy = HFPolicy.from_model(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens)
+    result: dict[str, dict] = {}
+    for name, h in harnesses.items():
+        jobs = [EpisodeJob(t, call_seed(seed + 1, t.id), f"{t.id}-{name}") for t in tasks]
+        episodes = play(env, jobs, policy, tokenizer, h, lockstep=True)
+        write_trajectories(out.with_name(f"{out.name}-{name}.jsonl"), episodes)
+        gap = gap_report(model, renderer, episodes, [method], drift=False)[method]
+        result[name] = {
+            "rewards": [float(t.reward or 0.0) for t in episodes],
+            "evictions": float(np.mean([len(t.evictions) for t in episodes])),
+            "gap": gap["overall"]["logprob_abs_diff"], "gap_heavy": gap["heavy"]["logprob_abs_diff"],
+            "gap_floor": gap["floor"]["logprob_abs_diff"], "targets": gap["overall"]["targets"],
+            "gap_by_branches": {k: v["logprob_abs_diff"] for k, v in gap["by_branches"].items()},
+        }
+    return result
 
 
 def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candidate | None = None,

@@ -1,4 +1,4 @@
-"""DAgger: label the states the learner visits, keep the verified labels, retrain, repeat.
+"""DAgger recipe: label the states the learner visits, keep the verified labels, retrain, repeat.
 
     memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --harness claude-code -o runs/dagger
 
@@ -23,21 +23,15 @@ ratio (tokens of derived records / tokens of the episodes they came from).
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memorywalker.data.distill import TransformStats, record_tokens
-from memorywalker.records.derive import derive
-from memorywalker.records.schema import Call, Message, ToolCall, Trajectory
-from memorywalker.rollout.env import Environment
+from memorywalker.records.schema import Trajectory
 from memorywalker.rollout.harness import call_seed
-from memorywalker.rollout.parse import call_arguments, parse_response
-from memorywalker.rollout.policies import Policy, PolicyOutput, PolicyRequest
-
-TRANSFORM, VERSION = "dagger", "1"
+from memorywalker.transforms.dagger import MixedPolicy, label_records
+from memorywalker.transforms.distill import TransformStats, record_tokens
 
 
 @dataclass
@@ -71,133 +65,6 @@ class DaggerConfig:
         return self.betas[min(k, len(self.betas)) - 1]
 
 
-# --- the mixed policy -------------------------------------------------------------------------------------
-
-def as_message(out: PolicyOutput, tokenizer) -> Message:
-    """A policy output as an assistant message (sampled token ids are decoded and parsed)."""
-    if out.message is not None:
-        return out.message
-    ids = list(out.token_ids or [])
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    parsed = parse_response(text)
-    return Message(id="", role="assistant", content=parsed.content if parsed.error is None else text,
-                   author="model", tool_calls=[ToolCall(id="", name=n, arguments=a) for n, a in parsed.tool_calls])
-
-
-def action_of(m: Message) -> tuple[str, Any] | None:
-    """(tool name, arguments) of a response's first tool call; None when it calls none.
-
-    >>> action_of(Message(id="", role="assistant", tool_calls=[ToolCall(id="", name="open", arguments='{"page": "x"}')]))
-    ('open', {'page': 'x'})
-    """
-    if not m.tool_calls:
-        return None
-    tc = m.tool_calls[0]
-    return tc.name, call_arguments(tc.arguments)
-
-
-def verify_label(labeler: Policy, request: PolicyRequest, label: Message, env: Environment, *,
-                 max_steps: int, tokenizer=None) -> tuple[bool, int]:
-    """Execute ``label`` in ``env`` (already reset on the task), let ``labeler`` (a copy in the state it
-    proposed the label from) continue without compression; (reward == 1, act calls used)."""
-    messages = list(request.messages)
-    msg = label
-    for step in range(max_steps):
-        if step:
-            out = labeler(PolicyRequest(prompt_ids=list(request.prompt_ids), messages=list(messages),
-                                        tools=list(request.tools), purpose="act",
-                                        call_index=request.call_index + step, seed=request.seed + step))
-            msg = as_message(out, tokenizer)
-        tcs = [tc.model_copy(update={"id": f"verify-{step}-{j}"}) for j, tc in enumerate(msg.tool_calls)]
-        messages.append(msg.model_copy(update={"id": f"verify-{step}", "tool_calls": tcs}))
-        if not tcs:
-            return False, step + 1
-        for tc in tcs:
-            args = call_arguments(tc.arguments)
-            result = env.step(tc.name, args if args is not None else {})
-            messages.append(Message(id=f"verify-{step}-{tc.id}-obs", role="tool", content=result.observation,
-                                    tool_call_id=tc.id, name=tc.name, author="environment"))
-            if result.done:
-                return result.reward == 1.0, step + 1
-    return False, max_steps
-
-
-class MixedPolicy:
-    """Executes the labeler's proposal with probability ``beta`` (per act call, seeded), else the
-    learner's; records the label of every act call, whether it verified, and the learner's proposal."""
-
-    name = "dagger-mixed"
-
-    def __init__(self, learner: Policy, labeler: Policy, beta: float, tokenizer, verify_env: Environment, *,
-                 max_steps: int):
-        self.learner, self.labeler, self.beta, self.tok = learner, labeler, beta, tokenizer
-        self.verify_env, self.max_steps = verify_env, max_steps
-        self.labels: list[dict[str, Any]] = []
-
-    def start(self, task) -> None:
-        self.task, self.labels = task, []
-        self.learner.start(task)
-        self.labeler.start(task)
-
-    def config(self) -> dict[str, Any]:
-        return {"name": self.name, "beta": self.beta, "learner": self.learner.config(),
-                "labeler": self.labeler.config()}
-
-    def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        use_labeler = call_seed(request.seed, "beta") / 2 ** 63 < self.beta
-        label_out = self.labeler(request)  # every call: a stateful labeler follows the whole episode
-        if request.purpose != "act":
-            return label_out if use_labeler else self.learner(request)
-        label = as_message(label_out, self.tok)
-        self.verify_env.reset(self.task)
-        ok, steps = verify_label(copy.deepcopy(self.labeler), request, label, self.verify_env,
-                                 max_steps=self.max_steps, tokenizer=self.tok)
-        learner_out = self.learner(request)
-        learner_action = action_of(as_message(learner_out, self.tok))
-        self.labels.append({"call_index": request.call_index, "label": label, "verified": ok,
-                            "verify_steps": steps, "executed": "labeler" if use_labeler else "learner",
-                            "agree": learner_action == action_of(label)})
-        out = label_out if use_labeler else learner_out
-        out.meta = {**out.meta, "dagger_executed": "labeler" if use_labeler else "learner"}
-        return out
-
-
-# --- labels to derived records -------------------------------------------------------------------------------
-
-def label_records(traj: Trajectory, labels: list[dict[str, Any]], renderer, *, round_k: int,
-                  beta: float) -> list[Trajectory]:
-    """One derived record per verified label: the call's delivered context, the label as the response."""
-    table = traj.message_table()
-    executed = {c.response: c.meta.get("dagger_executed") for c in traj.calls}
-    out = []
-    for lab in labels:
-        if not lab["verified"]:
-            continue
-        i = lab["call_index"]
-        call = traj.calls[i]
-        context = [table[m] for m in call.context]
-        learner_state = any(executed.get(m.id) == "learner" for m in context)
-        rid = f"label-{i}"
-        label: Message = lab["label"]
-        tcs = [tc.model_copy(update={"id": f"{rid}-tc{j}"}) for j, tc in enumerate(label.tool_calls)]
-        resp = label.model_copy(update={"id": rid, "tool_calls": tcs, "author": "model"})
-        new_call = Call(id="call-0", context=list(call.context), response=rid, tools=call.tools,
-                        purpose="act", meta={"labeled_call": call.id})
-        child = derive(traj, TRANSFORM, VERSION, index=i, messages=[*context, resp], calls=[new_call], evictions=[],
-                       reward=None, outcome={"label_verified": True, "verify_steps": lab["verify_steps"]},
-                       meta={**traj.meta, "dagger": {"round": round_k, "beta": beta, "labeled_call": call.id,
-                                                     "learner_state": learner_state, "agree": lab["agree"]}})
-        rc = renderer.render(child).calls[0]
-        if call.context_tokens is not None and list(call.context_tokens) != rc.tokens[: rc.prompt_len]:
-            raise ValueError(f"{traj.id} {call.id}: the recorded context does not re-render to its tokens")
-        done = new_call.model_copy(update={"context_tokens": rc.tokens[: rc.prompt_len],
-                                           "response_tokens": rc.tokens[rc.prompt_len:]})
-        out.append(child.model_copy(update={"calls": [done]}))
-    return out
-
-
-# --- rounds ------------------------------------------------------------------------------------------------
-
 @dataclass
 class RoundReport:
     round: int
@@ -216,7 +83,7 @@ class RoundReport:
 
 
 def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
-    from memorywalker.evaluate import EvalConfig, load_candidate, run_suite
+    from memorywalker.eval.evaluate import EvalConfig, load_candidate, run_suite
 
     ecfg = EvalConfig(suites=(cfg.suite,), harness=cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps,
                       max_context=cfg.max_context, n=cfg.eval_n, seed=cfg.seed, split=cfg.eval_split,

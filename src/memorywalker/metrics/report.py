@@ -1,0 +1,210 @@
+"""The demo's report: statistics over held-out tasks and seeds, the Markdown tables the README quotes,
+PNG plots and an HTML page. Pure functions of the results dict ``recipes/demo.py`` writes.
+
+>>> _ci((0.25, 0.1, 0.4)), _ci((-0.05, -0.2, 0.1))
+('0.250 [0.100, 0.400]', '-0.050 [-0.200, +0.100]')
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from memorywalker.metrics.gap import fmt_metric as _fmt
+
+REFERENCE = "tree-mask"  # paired differences are against this exact method
+README_BEGIN = "<!-- demo-table:{name} begin -->"
+README_END = "<!-- demo-table:{name} end -->"
+
+
+def summarize(doc: dict) -> dict:
+    """Per harness and method: mean reward with a bootstrap 95 % interval over tasks after SFT and after
+    RL, the paired difference against ``tree-mask`` (each stage) and of RL against SFT."""
+    from memorywalker.metrics.stats import paired_bootstrap
+
+    methods = doc["methods"]
+    out: dict[str, dict] = {}
+    for h in doc["config"]["harnesses"]:
+        rows = {}
+        for m, r in methods.items():
+            row = {}
+            for stage in ("sft", "rl"):
+                x = r[stage][h]["rewards"]
+                row[stage] = paired_bootstrap(x)  # the mean and its interval (tasks resampled)
+                if REFERENCE in methods and m != REFERENCE:
+                    ref = methods[REFERENCE][stage][h]["rewards"]
+                    row[f"{stage}_vs_{REFERENCE}"] = paired_bootstrap(np.subtract(x, ref))
+            row["rl_minus_sft"] = paired_bootstrap(np.subtract(r["rl"][h]["rewards"], r["sft"][h]["rewards"]))
+            rows[m] = row
+        out[h] = rows
+    return out
+
+
+
+def number(v) -> float:
+    if v is None:
+        return float("nan")
+    return float(v.item()) if hasattr(v, "item") else float(v)
+
+
+def _ci(t) -> str:
+    mean, low, high = t
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if low < 0 or mean < 0 else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _markdown(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def results_table(doc: dict) -> str:
+    """The demo's tables in Markdown (what ``DIR/table.md`` holds and the README quotes verbatim)."""
+    out = []
+    for h, rows in doc["summary"].items():
+        head = ["method", "reward after SFT", "after RL", "RL − SFT (paired)", f"SFT − {REFERENCE}",
+                f"RL − {REFERENCE}"]
+        body = [[f"`{m}`", _ci(r["sft"]), _ci(r["rl"]), _ci(r["rl_minus_sft"]),
+                 _ci(r["sft_vs_" + REFERENCE]) if "sft_vs_" + REFERENCE in r else "—",
+                 _ci(r["rl_vs_" + REFERENCE]) if "rl_vs_" + REFERENCE in r else "—"] for m, r in rows.items()]
+        out.append(f"Held-out reward under `{h}` ({len(doc['tasks'])} tasks, mean [bootstrap 95 % interval]):\n\n"
+                   + _markdown(head, body))
+    head = ["method", *(f"{h}: {k}" for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
+    body = [[f"`{m}`", *(str(r["rl"][h][k]) if k == "targets" else _fmt(r["rl"][h]["gap" if k == "gap" else f"gap_{k}"])
+                         for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
+            for m, r in doc["methods"].items()]
+    out.append("Train/rollout gap (mean |logp_train − logp_rollout| per target) of each RL model on its own held-out "
+               "episodes; heavy = 2+ branches before the call, floor = none:\n\n" + _markdown(head, body))
+    if "sdcc" in doc["methods"]:
+        s = doc["methods"]["sdcc"]["rl_steps"]
+        dfs = doc["methods"].get("dfs", {}).get("rl_steps", {}).get("logprob_abs_diff")
+        head = ["RL step", "sdcc eps_kl", "sqrt(eps_kl/2)", "sdcc gap", *(["dfs gap"] if dfs else [])]
+        body = [[str(i + 1), _fmt(e), _fmt(math.sqrt(e / 2) if e == e else None), _fmt(g), *([_fmt(dfs[i])] if dfs else [])]
+                for i, (e, g) in enumerate(zip(s["eps_kl_mean"], s["logprob_abs_diff"], strict=True))]
+        out.append("SDCC during RL (on each step's rollouts):\n\n" + _markdown(head, body))
+    return "\n\n".join(out)
+
+
+def write_report(doc: dict, out: Path) -> None:
+    """PNG plots (reward with intervals for SFT and RL, gap by branches, SDCC over steps), index.html and
+    table.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(doc["methods"])
+    harnesses = doc["config"]["harnesses"]
+    x = np.arange(len(methods))
+
+    fig, axes = plt.subplots(1, len(harnesses), figsize=(5.5 * len(harnesses), 3.8), squeeze=False)
+    for ax, h in zip(axes[0], harnesses, strict=True):
+        for k, (stage, color) in enumerate((("sft", "tab:blue"), ("rl", "tab:green"))):
+            stats = [doc["summary"][h][m][stage] for m in methods]
+            mean = np.array([s[0] for s in stats])
+            err = np.array([[s[0] - s[1] for s in stats], [s[2] - s[0] for s in stats]])
+            ax.bar(x + (k - 0.5) * 0.38, mean, 0.38, yerr=err, capsize=3, color=color, label=stage.upper())
+        ax.set_xticks(x, methods, rotation=20)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("held-out reward (95 % bootstrap interval)")
+        ax.set_title(f"reward under {h}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "reward.png", dpi=110)
+    plt.close(fig)
+
+    buckets = ["0", "1", "2", "3+"]
+    fig, axes = plt.subplots(1, len(harnesses), figsize=(5.5 * len(harnesses), 3.8), squeeze=False)
+    width = 0.8 / max(len(methods), 1)
+    for ax, h in zip(axes[0], harnesses, strict=True):
+        for i, m in enumerate(methods):
+            vals = [doc["methods"][m]["rl"][h]["gap_by_branches"].get(b) for b in buckets]
+            ax.bar(np.arange(4) + i * width, [np.nan if v is None else max(v, 1e-9) for v in vals], width, label=m)
+        ax.set_xticks(np.arange(4) + width * (len(methods) - 1) / 2, [f"{b} branches" for b in buckets])
+        ax.set_yscale("log")
+        ax.set_ylabel("mean |logp_train − logp_rollout|")
+        ax.set_title(f"gap by branches before the call ({h})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "gap_by_branches.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for m in methods:
+        ys = [max(v, 1e-9) for v in doc["methods"][m]["rl_steps"]["logprob_abs_diff"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{m} gap")
+    if "sdcc" in doc["methods"]:
+        eps = doc["methods"]["sdcc"]["rl_steps"]["eps_kl_mean"]
+        ax.plot(range(1, len(eps) + 1), eps, "k--", label="sdcc eps_kl")
+        ax.plot(range(1, len(eps) + 1), [math.sqrt(e / 2) for e in eps], "k:", label="sqrt(eps_kl/2)")
+    ax.set_yscale("log")
+    ax.set_xlabel("RL step")
+    ax.set_title("gap on each step's rollouts; SDCC's eps_kl")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "gap_over_steps.png", dpi=110)
+    plt.close(fig)
+
+    table = results_table(doc)
+    (out / "table.md").write_text(table + "\n")
+    import html
+
+    (out / "index.html").write_text(f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>memorywalker demo</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} pre{{background:#f4f4f4;padding:1em}}</style>
+</head><body>
+<h1>memorywalker demo</h1>
+<p>One tiny model per method: SFT from a shared warm start on expert episodes under
+{", ".join(harnesses)}, then GRPO from that checkpoint; evaluated on the same held-out tasks. Total
+{doc.get('seconds_total', 0)} s.</p>
+<pre>{html.escape(table)}</pre>
+<h2>Reward</h2><img src="reward.png" alt="reward per method">
+<h2>Gap by branches</h2><img src="gap_by_branches.png" alt="gap by branches">
+<h2>Gap over RL steps</h2><img src="gap_over_steps.png" alt="gap over steps">
+<p>Raw numbers: <a href="results.json">results.json</a>.</p>
+</body></html>
+""")
+
+
+def aggregate_seeds(docs: list[dict]) -> dict:
+    """Mean and sample sd over seeds of each method's mean held-out reward, per harness and stage.
+
+    >>> one = lambda seed, r: {"config": {"seed": seed, "harnesses": ["h"]},
+    ...                        "methods": {"m": {"sft": {"h": {"rewards": r}}, "rl": {"h": {"rewards": r}}}}}
+    >>> agg = aggregate_seeds([one(0, [0.0, 1.0]), one(1, [1.0, 1.0])])  # per-seed means 0.5 and 1.0
+    >>> agg["reward"]["h"]["m"]["sft"]["mean"], round(agg["reward"]["h"]["m"]["sft"]["sd"], 4)
+    (0.75, 0.3536)
+    """
+    agg: dict[str, dict] = {}
+    for h in docs[0]["config"]["harnesses"]:
+        agg[h] = {}
+        for m in docs[0]["methods"]:
+            agg[h][m] = {}
+            for stage in ("sft", "rl"):
+                means = [float(np.mean(d["methods"][m][stage][h]["rewards"])) for d in docs]
+                sd = float(np.std(means, ddof=1)) if len(means) > 1 else float("nan")
+                agg[h][m][stage] = {"mean": float(np.mean(means)), "sd": sd, "per_seed": means}
+    return {"seeds": [d["config"]["seed"] for d in docs], "reward": agg}
+
+
+def seeds_table(doc: dict) -> str:
+    """Mean ± sd over seeds of each method's held-out reward (Markdown)."""
+    out = []
+    for h, rows in doc["reward"].items():
+        body = [[f"`{m}`", *(f"{r[s]['mean']:.3f} ± {r[s]['sd']:.3f}" for s in ("sft", "rl"))] for m, r in rows.items()]
+        out.append(f"Held-out reward under `{h}` over seeds {doc['seeds']} (mean ± sd of the per-seed means):\n\n"
+                   + _markdown(["method", "after SFT", "after RL"], body))
+    return "\n\n".join(out)
+
+
+README_BEGIN = "<!-- demo-table:{name} begin -->"
+README_END = "<!-- demo-table:{name} end -->"
+
+
+def readme_table(readme: str, name: str) -> str:
+    """The table the README quotes between its ``demo-table:NAME`` markers (``full`` or ``quick``)."""
+    begin, end = README_BEGIN.format(name=name), README_END.format(name=name)
+    if begin not in readme or end not in readme:
+        raise ValueError(f"README has no {begin} ... {end} block")
+    return readme.split(begin, 1)[1].split(end, 1)[0].strip()

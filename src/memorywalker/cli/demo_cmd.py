@@ -16,8 +16,9 @@ def demo(
     seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report mean and sd of each method's reward."),
     check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, compare its table with "
                                              "the one this README quotes (exit 1 when they differ)."),
-    methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: "
-                                       "every method but logit-tree and radix, which train what tree-mask trains)."),
+    methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: the "
+                                       "reference exact method and every non-exact one; the other exact methods "
+                                       "train what it trains)."),
 ):
     """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
     from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""

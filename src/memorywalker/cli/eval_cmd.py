@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.rollout.compress import COMPRESSORS  # the harness registry (light: no model code)
+
 
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_cmd)
@@ -40,7 +42,7 @@ def eval_cmd(
     model: str = typer.Option(..., "--model", help="model dir, adapter dir (with adapter_manifest.json) or expert"),
     baseline: str = typer.Option(None, "--baseline", help="model dir, adapter dir or expert: paired comparison"),
     suite: str = typer.Option(..., "--suite", "--suites", help="suite or comma-separated suites (each reported)"),
-    harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
+    harness: str = typer.Option("none", "--harness", help=" | ".join(COMPRESSORS)),
     output: Path = typer.Option(..., "-o", "--output", help="directory for report.json and the episodes"),
     n: int = typer.Option(16, "--n", min=1, help="tasks per suite"),
     samples: int = typer.Option(1, "--samples", min=1, help="episodes per task"),
@@ -65,7 +67,7 @@ def eval_cmd(
     from rich.console import Console
 
     from memorywalker.eval.evaluate import EvalConfig, evaluate, load_candidate, report_tables
-    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS
+    from memorywalker.rollout import ENVIRONMENTS
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")

@@ -33,7 +33,7 @@ from memorywalker.layout.layouts import (
 )
 
 if TYPE_CHECKING:
-    from memorywalker.engine.run import EngineConfig
+    from memorywalker.engine.config import EngineConfig
 
 REFERENCE, EXACT, BOUNDED, NAIVE = "exact (reference)", "exact", "bounded (KL)", "naive"
 SCHEDULES = ("radix", "mask")

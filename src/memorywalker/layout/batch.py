@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memorywalker.records.schema import Trajectory
-from memorywalker.render.render import ROLE_ID, RenderedCall, RenderedTrajectory
+from memorywalker.render.types import ROLE_ID, RenderedCall, RenderedTrajectory
 from memorywalker.tree.tree import CallRow, ConditioningTree, Targets
 
 

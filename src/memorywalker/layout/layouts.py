@@ -26,7 +26,7 @@ import numpy as np
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.buffers import Buffer, Piece, one_per_buffer, pack
 from memorywalker.render.fullview import FullView, find_run
-from memorywalker.render.render import ROLE_ID
+from memorywalker.render.types import ROLE_ID
 
 
 @dataclass

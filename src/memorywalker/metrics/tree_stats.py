@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import binpacking
 
-from memorywalker.render.render import ROLES, RenderedTrajectory
+from memorywalker.render.types import ROLES, RenderedTrajectory
 from memorywalker.tree.tree import ConditioningTree
 
 

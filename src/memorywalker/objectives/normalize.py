@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import torch
 
 NORMALIZATIONS = ("token", "call", "trajectory", "sequence")
+# Per-target modes, for SFT and RL; ``sequence`` sums each sequence (DPO's pairs).
+TARGET_NORMALIZATIONS = tuple(n for n in NORMALIZATIONS if n != "sequence")
 
 
 def normalize(weight: torch.Tensor, call: torch.Tensor, trajectory: torch.Tensor, mode: str

@@ -1,13 +1,12 @@
 """Verified rendering of calls into token sequences ``S_t`` with role labels and targets."""
 
-from memorywalker.render.render import (
+from memorywalker.render.render import Renderer, RenderOptions
+from memorywalker.render.types import (
     ROLE_ID,
     ROLES,
     RenderedCall,
     RenderedTrajectory,
-    Renderer,
     RenderError,
-    RenderOptions,
     message_to_hf,
     tools_to_hf,
 )

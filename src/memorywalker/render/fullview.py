@@ -20,11 +20,15 @@ sequence instead: the full view up to its context, then its response.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memorywalker.records.schema import Message, Trajectory
-from memorywalker.render.render import RenderedCall, RenderedTrajectory, Renderer, tools_to_hf
+from memorywalker.render.types import RenderedCall, RenderedTrajectory, tools_to_hf
+
+if TYPE_CHECKING:
+    from memorywalker.render.render import Renderer
 
 
 @dataclass

@@ -23,7 +23,8 @@ from typing import Any
 from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.records.validate import RecordError
-from memorywalker.render.render import KNOWN_EOT, message_to_hf
+from memorywalker.render.render import KNOWN_EOT
+from memorywalker.render.types import message_to_hf
 from memorywalker.rollout.compress import Compressor, make_compressor
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.parse import CALL_FORMAT, call_arguments, parse_response

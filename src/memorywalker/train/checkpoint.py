@@ -46,6 +46,9 @@ FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what a 
 FORMAT_FILES = {"safetensors": FILES, "dcp": ("dcp/.metadata", "rng.pt", "state.json")}
 
 
+DCP_DIR = "dcp"  # a sharded checkpoint's folder of .distcp files
+
+
 class CheckpointError(ValueError):
     """No checkpoint to trust where one was expected; the message names the run dir or the file."""
 
@@ -245,14 +248,10 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     if reason is not None:
         raise CheckpointError(f"checkpoint {path}: {reason}")
     if json.loads((path / MANIFEST).read_text()).get("format") == "dcp":
-        from memorywalker.train.fsdp import load_sharded
-
         load_sharded(path, model, optimizer)  # any world size; collective when distributed
         _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
         return json.loads((path / "state.json").read_text())
-    from memorywalker.train.fsdp import is_sharded
-
-    if is_sharded(model):
+    if _is_sharded(model):
         raise CheckpointError(f"checkpoint {path} was written unsharded (parallel=ddp); resume it with "
                               "parallel=ddp, or start the fsdp run afresh")
     weights = load_file(str(path / "model.safetensors"))
@@ -264,6 +263,30 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return json.loads((path / "state.json").read_text())
+
+
+def state_dicts(model, optimizer):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, optimizer)  # FQN-keyed (sharded DTensors under FSDP)
+
+
+def load_sharded(path: Path, model, optimizer) -> None:
+    """Restore model and optimizer from a DCP checkpoint folder, on any world size (collective when
+    distributed; an unsharded model on one process reads every shard)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    msd, osd = state_dicts(model, optimizer)  # templates; initializes AdamW's moments (lr 0)
+    target = {"model": msd, "optim": osd}
+    dcp.load(target, checkpoint_id=str(Path(path) / DCP_DIR))
+    set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
+
+
+def _is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def remove_unfinished(run_dir: str | Path) -> list[str]:

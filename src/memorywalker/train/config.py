@@ -71,7 +71,7 @@ class TrainConfig(RecipeConfig):
     device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
     # --- engine (DESIGN.md)
     method: str = "radix"  # a method of the registry (memorywalker.engine.METHODS)
-    normalization: str = "token"  # token | call | trajectory: what each target's loss is divided by
+    normalization: str = "token"  # objectives.normalize.TARGET_NORMALIZATIONS: what each target's loss is divided by
     attention: str | None = None  # mask-schedule methods: sdpa | eager | flex; None = the model's own
     max_tokens: int = 8192  # tokens per forward (packed buffer / radix chunk and batch size)
     # Longest call sequence S_t a trajectory may have; longer ones are set aside (reason too_long) before
@@ -120,8 +120,10 @@ class TrainConfig(RecipeConfig):
     @field_validator("normalization")
     @classmethod
     def _normalization(cls, v: str) -> str:
-        if v not in ("token", "call", "trajectory"):
-            raise ValueError(f"unknown normalization {v!r}; valid: token, call, trajectory")
+        from memorywalker.objectives.normalize import TARGET_NORMALIZATIONS
+
+        if v not in TARGET_NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {v!r}; valid: {', '.join(TARGET_NORMALIZATIONS)}")
         return v
 
     @field_validator("dtype")

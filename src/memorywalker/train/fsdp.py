@@ -52,7 +52,6 @@ import torch.distributed as dist
 from memorywalker.attention.masks import attention_implementation
 
 PARALLEL = ("ddp", "fsdp")
-DCP_DIR = "dcp"
 
 
 class CollectiveError(RuntimeError):
@@ -224,19 +223,13 @@ def collective_guard(where: str, timeout_s: float):
 # --- checkpoints ---------------------------------------------------------------------------------------
 
 
-def _state_dicts(model, optimizer):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    return get_state_dict(model, optimizer)  # FQN-keyed (sharded DTensors under FSDP)
-
-
 def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[str, Any], *,
                  keep: int = 2) -> Path:
     """Every rank: write checkpoint ``step`` with DCP into a temporary folder; rank 0 seals it with
     the manifest (atomic, verified) and prunes old ones. Collective."""
     import torch.distributed.checkpoint as dcp
 
-    from memorywalker.train.checkpoint import seal_checkpoint, write_extras
+    from memorywalker.train.checkpoint import DCP_DIR, seal_checkpoint, state_dicts, write_extras
 
     root = Path(run_dir) / "checkpoints"
     tmp = root / f".tmp-step-{step:06d}-dcp"
@@ -245,7 +238,7 @@ def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[s
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    msd, osd = _state_dicts(model, optimizer)
+    msd, osd = state_dicts(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / DCP_DIR))
     dist.barrier()  # every rank's shard is on disk
     final = root / f"step-{step:06d}"
@@ -254,18 +247,6 @@ def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[s
         seal_checkpoint(run_dir, step, tmp, keep=keep, fmt="dcp")
     dist.barrier()
     return final
-
-
-def load_sharded(path: Path, model, optimizer) -> None:
-    """Restore model and optimizer from a DCP checkpoint folder, on any world size (collective when
-    distributed; an unsharded model on one process reads every shard)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    msd, osd = _state_dicts(model, optimizer)  # templates; initializes AdamW's moments (lr 0)
-    target = {"model": msd, "optim": osd}
-    dcp.load(target, checkpoint_id=str(Path(path) / DCP_DIR))
-    set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
 
 
 def export_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, Any] | None = None) -> Path:

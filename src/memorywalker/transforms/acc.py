@@ -179,7 +179,7 @@ def qa_accuracy(model, tokenizer, records: list[Trajectory], *, max_new_tokens: 
     """Per held-out compiled record (task id): 1.0 when greedy decoding's answer matches the task's."""
     import torch
 
-    from memorywalker.render.render import message_to_hf
+    from memorywalker.render.types import message_to_hf
 
     out = {}
     for r in records:

@@ -325,7 +325,7 @@ def check_no_old_identifiers(traj: Trajectory, m: SchemaMap) -> None:
 
 def render_tokens(traj: Trajectory, tokenizer) -> int:
     """Tokens of the whole transcript with its tool table (what the expansion ratio compares)."""
-    from memorywalker.render.render import message_to_hf
+    from memorywalker.render.types import message_to_hf
 
     tools = [{"type": "function", "function": t.model_dump(mode="json")} for t in traj.tools] or None
     text = tokenizer.apply_chat_template([message_to_hf(x) for x in traj.messages], tools=tools, tokenize=False)

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from memorywalker.render.render import RenderedTrajectory
+from memorywalker.render.types import RenderedTrajectory
 
 ScoredSet = Literal["divergent", "whole"]
 SCORED_SETS = ("divergent", "whole")

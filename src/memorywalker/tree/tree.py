@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memorywalker.render.render import RenderedTrajectory
+from memorywalker.render.types import RenderedTrajectory
 
 
 @dataclass(frozen=True)

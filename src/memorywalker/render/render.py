@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from jinja2 import TemplateError
 
 from memorywalker.records.schema import Call, Message, Trajectory
 from memorywalker.render.types import (
@@ -148,7 +149,10 @@ class Renderer:
             texts[len(messages)] = prev
             if not prompt_text.startswith(prev):
                 raise RenderError("the context rendering is not a prefix of the prompt")
-        except Exception:  # templates may raise on partial conversations; fall back to search
+        except (RenderError, TemplateError):
+            # A template may refuse a partial conversation (raise_exception: "roles must alternate") or
+            # render a prefix differently; the spans are then located by content. Anything else is a bug
+            # and propagates.
             return self._search_spans(messages, prompt_text), "search"
         cache.spans[key] = (ids, ends, texts)
         starts = [0, *ends[:-1]]

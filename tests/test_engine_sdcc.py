@@ -150,3 +150,46 @@ def test_sdcc_students_equal_plain_forwards_of_their_contexts(kit, renderer, max
             engine.append(grads(model))
     kl_grad = [a - b for a, b in zip(*engine, strict=True)]
     assert max_rel_grad_diff(kl_grad, ref) <= 1e-3
+
+
+def test_compressed_main_trains_students_on_their_delivered_context(kit, renderer):
+    """sdcc_compressed_main: a junction call's main-loss logprobs are those of a plain forward of its own
+    S_t (1e-5), the other calls' are the full view's (unchanged from the default), and the KL rows and
+    eps_kl are the same as without the option."""
+    model = load_model(kit[1])
+    groups = random_groups(renderer, seed=11)
+    batch = Batch.from_groups(groups)
+    rendered = [rc for g in groups for rt in g for rc in rt.calls]
+    with one_thread():
+        base = run(model, batch, EngineConfig(method="sdcc"), backward=False)
+        comp = run(model, batch, EngineConfig(method="sdcc", sdcc_compressed_main=True), backward=False)
+        junction = torch.tensor([batch.calls[c].junction for c in batch.targets.call])
+        assert junction.any() and (~junction).any()
+        plain = []
+        for rc in rendered:
+            if rc.targets:
+                logits = model(input_ids=torch.tensor([rc.tokens])).logits[0].float()
+                idx = torch.tensor(rc.targets)
+                plain.append(torch.log_softmax(logits, -1)[idx - 1, torch.tensor(rc.tokens)[idx]])
+    plain = torch.cat(plain)
+    assert (comp.logprobs[junction] - plain[junction]).abs().max().item() <= 1e-5
+    assert (comp.logprobs[junction] - base.logprobs[junction]).abs().max().item() > 1e-3  # the full view differs
+    assert torch.nan_to_num(comp.logprobs[~junction] - base.logprobs[~junction]).abs().max().item() <= 1e-6
+    assert (comp.eps_kl - base.eps_kl).abs().max().item() <= 1e-6
+
+
+def test_full_view_with_the_harness_artifacts(renderer):
+    """RenderOptions(full_view_artifacts=True): the summary a harness inserted appears in the full view
+    (its tokens are a run inside it); without the option it does not."""
+    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
+    from memorywalker.render import Renderer, RenderOptions
+
+    traj = synthetic_trajectory(SyntheticSpec(turns=5, evictions=2, words=6, seed=3), "arts")
+    artifacts = [m for m in traj.messages if m.is_artifact and m.content]
+    assert artifacts
+    text = artifacts[0].content
+    plain = renderer.render(traj, full_view=True).full_view
+    kept = Renderer(renderer.tok, RenderOptions(full_view_artifacts=True)).render(traj, full_view=True).full_view
+    decode = renderer.tok.decode
+    assert text in decode(kept.token_ids.tolist()) and text not in decode(plain.token_ids.tolist())
+    assert len(kept.token_ids) > len(plain.token_ids)

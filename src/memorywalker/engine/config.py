@@ -22,6 +22,8 @@ class EngineConfig:
     grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
     sdcc_lambda: float = 1.0  # weight λ of the KL term
     sdcc_students: str = "junctions"  # junctions | all (one student per selected call)
+    # A student call's main loss on its compressed S_t (as exact methods train it) instead of the full view
+    sdcc_compressed_main: bool = False
     dp_size: int = 1  # data-parallel ranks whose gradients are averaged (DDP/FSDP); scales the loss
     # Logprobs (and SDCC's KL) are of logits / temperature: the sampling temperature of the rollouts, whose
     # recorded logprobs are of that distribution, so the PPO ratio is against the policy that sampled.

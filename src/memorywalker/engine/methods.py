@@ -64,7 +64,7 @@ class Method:
 
 
 def _sdcc_options(cfg: EngineConfig) -> dict:
-    return {"students": cfg.sdcc_students}
+    return {"students": cfg.sdcc_students, "compressed_main": cfg.sdcc_compressed_main}
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (

@@ -184,7 +184,7 @@ def full_views(batch: Batch) -> list[list[FullView]]:
     return [[rt.full_view for rt in g] for g in batch.rendered]
 
 
-def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> Layout:
+def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions", compressed_main: bool = False) -> Layout:
     """Full views carry the main targets and the teacher rows; the students are the same response
     tokens of each junction call (``students="all"``: of each selected call) on its compressed ``S_t``.
 
@@ -200,6 +200,10 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
     loss is taken on its own ``S_t`` (read off the tree too) and it has no student. An abandoned call (a
     retry's first attempt) is not in the full view either: its teacher is its own sequence, the full
     view up to its context.
+
+    ``compressed_main``: a student call's main loss is taken on its own compressed ``S_t`` (read off the
+    tree, as the exact methods condition it) instead of the full view; its KL rows stay. The other calls
+    keep the full view.
     """
     if students not in ("junctions", "all"):
         raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
@@ -233,9 +237,14 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions") -> L
                     continue
                 _, rows_all, preds, kl_rows, kl_preds = chains.setdefault(key, (ids, [], [], [], []))
                 pred = start + tree.depth[pos[rows]] - c.prompt_len - 1  # chain: parent = previous token
-                rows_all.append(rows)
-                preds.append(pred)
-                if c.junction or students == "all":
+                student = c.junction or students == "all"
+                if student and compressed_main:  # main loss on the context the call was delivered with
+                    tree_rows.append(rows)
+                    tree_preds.append(tree.parent[pos[rows]])
+                else:
+                    rows_all.append(rows)
+                    preds.append(pred)
+                if student:
                     k = len(kl_call) + np.arange(len(rows))
                     kl_call.extend([g] * len(rows))
                     kl_rows.append(k)

@@ -72,16 +72,18 @@ def abandoned_calls(traj: Trajectory) -> list[int]:
     return out[::-1]
 
 
-def full_view_messages(traj: Trajectory) -> list[Message]:
-    """Messages in order of first appearance, artifacts removed, each kept response once.
+def full_view_messages(traj: Trajectory, *, artifacts: bool = False) -> list[Message]:
+    """Messages in order of first appearance, artifacts removed (``artifacts``: kept where they first
+    appear), each kept response once.
 
     Responses to harness prompts (summaries the model was asked to write) are compression artifacts
-    too and are left out, and so are abandoned responses (:func:`abandoned_calls`).
+    too and are left out (the artifact a harness inserts with their text is what ``artifacts`` keeps),
+    and so are abandoned responses (:func:`abandoned_calls`).
     """
-    return _full_view_messages(traj)[0]
+    return _full_view_messages(traj, artifacts)[0]
 
 
-def _full_view_messages(traj: Trajectory) -> tuple[list[Message], dict[int, int]]:
+def _full_view_messages(traj: Trajectory, artifacts: bool = False) -> tuple[list[Message], dict[int, int]]:
     """The full view's messages and, per abandoned call, how many of them its context has seen (the
     uncompressed history it was sampled on is that prefix)."""
     table = traj.message_table()
@@ -93,7 +95,7 @@ def _full_view_messages(traj: Trajectory) -> tuple[list[Message], dict[int, int]
         answer = () if answers_harness(traj, i) or i in abandoned else (call.response,)
         for mid in (*call.context, *answer):
             m = table[mid]
-            if mid in seen or m.is_artifact:
+            if mid in seen or (m.is_artifact and not artifacts):
                 continue
             seen.add(mid)
             out.append(m)
@@ -112,7 +114,7 @@ def build_full_view(rt: RenderedTrajectory, renderer: Renderer) -> FullView:
     then its response).
     """
     traj = rt.trajectory
-    messages, prefix = _full_view_messages(traj)
+    messages, prefix = _full_view_messages(traj, renderer.options.full_view_artifacts)
     tools = tools_to_hf(traj, None)
     ids, spans = _render(rt, renderer, messages, tools)
     span_of = {m.id: s for m, s in zip(messages, spans, strict=True)}

@@ -49,6 +49,9 @@ class RenderOptions:
     recorded_mismatch: Literal["unselect", "keep"] = "unselect"
     # Extra end-of-turn token strings (the tokenizer's eos and KNOWN_EOT present in the vocab are used).
     eot_tokens: tuple[str, ...] = ()
+    # The full view (sdcc) keeps the harness's compression artifacts (summaries, placeholders) where the
+    # history first had them, instead of removing them: the uncompressed history plus what the harness added.
+    full_view_artifacts: bool = False
 
 
 class Renderer:

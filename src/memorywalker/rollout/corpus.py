@@ -134,7 +134,7 @@ def iter_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw)
+                row = json.loads(raw.rstrip(b"\r\n"))  # one line: error columns count within it
             except (ValueError, UnicodeDecodeError) as e:
                 cause = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
                 raise CorpusError(f"{p}: line {n}: not valid JSON ({cause})") from None

@@ -24,12 +24,14 @@ episode opened. One suite, ``all``: task ``i`` is the ``i``-th query of the file
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema
+from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.rollout.corpus import (
     Corpus,
+    Grade,
     file_sha256,
     grade,
     read_documents,
@@ -38,6 +40,7 @@ from memorywalker.rollout.corpus import (
     tiny_corpus,
 )
 from memorywalker.rollout.env import Environment, StepResult, split_of
+from memorywalker.rollout.parse import call_arguments
 from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
 
 SYSTEM_PROMPT = (
@@ -57,6 +60,7 @@ TOOLS = [
                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
 ]
 FAILED = ("Error", "Warning: served from a stale cache")  # observations that did not serve the request
+RESULT_RE = re.compile(r"^\d+\. \[([^\]]*)\]", re.M)  # a search result line's docid
 
 
 class CorpusEnv(Environment):
@@ -169,6 +173,36 @@ class CorpusEnv(Environment):
                 "corpus_sha256": self.sha256["corpus"], "queries_sha256": self.sha256["queries"],
                 "world_seed": self.world_seed, "search_k": self.search_k, "snippet_chars": self.snippet_chars,
                 "open_chars": self.open_chars, "answer_weight": self.answer_weight}
+
+
+def grade_record(traj: Trajectory, *, answer_weight: float | None = None) -> Grade:
+    """The grade of a recorded corpus episode, re-derived from its messages alone.
+
+    Opened: the docids of ``open`` calls whose environment-authored result served a document (not an
+    ``Error: ...`` and not an injected fault); retrieved: the docids listed by served ``search``
+    results; the answer: the one the episode recorded (none: reward 0). ``answer_weight`` defaults to
+    the recorded environment's. Equal to the recorded ``reward`` (a test checks it), so exact match and
+    the recalls of a whole file can be reported without rerunning it.
+    """
+    env = traj.meta.get("env") or {}
+    if env.get("name") != CorpusEnv.name or traj.task is None:
+        raise ValueError(f"{traj.id}: not a corpus episode (env {env.get('name')!r})")
+    w = env["answer_weight"] if answer_weight is None else answer_weight
+    calls = {tc.id: (tc.name, call_arguments(tc.arguments)) for m in traj.messages for tc in m.tool_calls}
+    opened: set[str] = set()
+    retrieved: set[str] = set()
+    for m in traj.messages:
+        name, args = calls.get(m.tool_call_id or "", (None, None))
+        if m.role != "tool" or m.author != "environment" or m.meta.get("fault") or m.content.startswith(FAILED):
+            continue
+        if name == "open" and args is not None:
+            opened.add(str(args.get("docid")).strip().strip("[]"))
+        elif name == "search":
+            retrieved.update(RESULT_RE.findall(m.content))
+    answer = (traj.outcome or {}).get("answer")
+    g = grade(answer or "", traj.task.meta["answers"], opened=opened, retrieved=retrieved,
+              evidence=traj.task.meta["evidence"], answer_weight=w)
+    return g if answer is not None else Grade(0.0, g.evidence_recall, g.retrieval_recall, 0.0)
 
 
 class CorpusExpert:

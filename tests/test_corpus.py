@@ -204,6 +204,36 @@ def test_grade_record_counts_only_served_documents(tokenizer):
     assert (grade_record(u).reward, grade_record(u).evidence_recall) == (0.0, 1.0)
 
 
+def test_the_index_cache_is_saved_once_and_reused(tmp_path, monkeypatch):
+    """The first env indexes and saves under bm25-<corpus sha256>; the second loads it (indexing is
+    made to fail) and ranks and scores alike; a stamp that does not match (another document count)
+    is not read: the index is rebuilt."""
+    import json
+
+    import bm25s
+
+    from memorywalker.rollout.corpus import STAMP
+
+    first = CorpusEnv(index_cache=tmp_path)
+    expected = [(d.docid, s) for d, s in first.corpus.search("schooner wrecked tin")]
+    (saved,) = tmp_path.iterdir()
+    assert saved.name == f"bm25-{first.config()['corpus_sha256']}" and (saved / STAMP).exists()
+
+    def no_indexing(*args, **kwargs):
+        raise AssertionError("indexed again")
+
+    monkeypatch.setattr(bm25s.BM25, "index", no_indexing)
+    again = CorpusEnv(index_cache=tmp_path)
+    assert [(d.docid, s) for d, s in again.corpus.search("schooner wrecked tin")] == expected
+    stamp = json.loads((saved / STAMP).read_text())
+    (saved / STAMP).write_text(json.dumps({**stamp, "documents": 35}))
+    with pytest.raises(AssertionError, match="indexed again"):
+        CorpusEnv(index_cache=tmp_path).corpus.search("tin")
+    monkeypatch.undo()
+    assert [(d.docid, s) for d, s in CorpusEnv(index_cache=tmp_path).corpus.search("schooner wrecked tin")] == expected
+    assert json.loads((saved / STAMP).read_text()) == stamp and len(list(tmp_path.iterdir())) == 1
+
+
 def test_registry_tasks_and_splits():
     env = ENVIRONMENTS["corpus"]()  # the default: the shipped tiny corpus
     assert isinstance(env, CorpusEnv) and env.suites == ("all",)

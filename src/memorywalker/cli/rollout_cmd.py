@@ -24,6 +24,7 @@ def rollout_cmd(
     suite: str = typer.Option(None, "--suite", help="websearch: lookup | bridge | chain | comparison | aggregation | navigation | constraint; vault: recall-2 | recall-3 | recall-4; corpus: all (the default of an env with one suite)"),
     corpus: Path = typer.Option(None, "--corpus", help="corpus env: documents JSONL or Parquet (default: the shipped tiny corpus)"),
     queries: Path = typer.Option(None, "--queries", help="corpus env: queries JSONL or Parquet (with --corpus)"),
+    index_cache: Path = typer.Option(None, "--index-cache", help="corpus env: save the BM25 index here once, reuse it after"),
     harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
     policy: str = typer.Option("expert", "--policy", help="expert | hf:MODEL_DIR | openai:URL"),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
@@ -73,9 +74,9 @@ def rollout_cmd(
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test")
-    env_files = {"corpus": corpus, "queries": queries} if env == "corpus" else {}
-    if env != "corpus" and (corpus or queries):
-        raise typer.BadParameter(f"--corpus and --queries apply to --env corpus, not {env}")
+    env_files = {"corpus": corpus, "queries": queries, "index_cache": index_cache} if env == "corpus" else {}
+    if env != "corpus" and (corpus or queries or index_cache):
+        raise typer.BadParameter(f"--corpus, --queries and --index-cache apply to --env corpus, not {env}")
     # Built once: the expert is the environment's. A bad corpus file fails here with FILE: line N: cause.
     environment = ENVIRONMENTS[env](world_seed=world_seed, **env_files)
     kind, _, arg = policy.partition(":")

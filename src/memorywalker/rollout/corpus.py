@@ -37,6 +37,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -60,6 +61,8 @@ QUERY_FIELDS: dict[str, tuple[str, ...]] = {
     "evidence": ("evidence_docs", "evidence_docids", "evidence_ids", "evidence"),
 }
 INDEX_PROGRESS_DOCS = 10_000  # corpora this large show bm25s's progress bars while indexing
+INDEX_FORMAT = 1  # of a cached index: what was indexed (title + text, English stopwords) and how
+STAMP = "memorywalker-index.json"
 
 
 class CorpusError(ValueError):
@@ -266,9 +269,14 @@ class Corpus:
     avgdl = 7/3: a = (ln 1.6 + ln(8/3)) / (1 + 1.8214) = 0.514, b = ln 1.6 / (1 + 1.3393) = 0.201.)
     """
 
-    def __init__(self, documents: list[Document]):
+    def __init__(self, documents: list[Document], *, index_cache: str | os.PathLike | None = None, key: str = ""):
+        # index_cache: a directory where the index is saved once and loaded (memory-mapped) after, under
+        # a subdirectory named by ``key`` (the corpus file's sha256: another file never reads it).
+        if index_cache is not None and not key:
+            raise ValueError("an index cache needs the key of the documents (e.g. their file's sha256)")
         self.documents = documents
         self.by_id = {d.docid: d for d in documents}
+        self.index_cache, self.key = index_cache, key
 
     def __len__(self) -> int:
         return len(self.documents)
@@ -280,10 +288,24 @@ class Corpus:
     def _index(self):
         import bm25s
 
+        progress = len(self.documents) >= INDEX_PROGRESS_DOCS
+        stamp = {"format": INDEX_FORMAT, "bm25s": bm25s.__version__, "key": self.key, "documents": len(self.documents)}
+        where = Path(self.index_cache) / f"bm25-{self.key}" if self.index_cache is not None else None
+        if where is not None and _read_stamp(where / STAMP) == stamp:
+            return bm25s.BM25.load(where, mmap=True, show_progress=False)
         texts = [f"{d.title}\n{d.text}" if d.title else d.text for d in self.documents]
-        progress = len(texts) >= INDEX_PROGRESS_DOCS
         retriever = bm25s.BM25()
         retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=progress), show_progress=progress)
+        if where is not None:  # written aside and renamed: a concurrent run or a kill never leaves half an index
+            tmp = where.with_name(f"{where.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            retriever.save(tmp, show_progress=False)
+            (tmp / STAMP).write_text(json.dumps(stamp))
+            shutil.rmtree(where, ignore_errors=True)  # a stale index of another bm25s version
+            try:
+                tmp.rename(where)
+            except OSError:  # another process saved it first
+                shutil.rmtree(tmp, ignore_errors=True)
         return retriever
 
     def search(self, query: str, k: int = 5) -> list[tuple[Document, float]]:
@@ -299,6 +321,14 @@ class Corpus:
         idx, scores = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
         ranked = sorted(zip(idx[0].tolist(), scores[0].tolist(), strict=True), key=lambda d: (-d[1], d[0]))
         return [(self.documents[i], s) for i, s in ranked if s > 0]
+
+
+def _read_stamp(path: Path) -> dict | None:
+    """The stamp of a cached index; None when there is none or it cannot be read (then it is rebuilt)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def text_parts(text: str, size: int) -> list[str]:

@@ -70,8 +70,11 @@ class CorpusEnv(Environment):
 
     def __init__(self, corpus: str | Path | None = None, queries: str | Path | None = None, *, world_seed: int = 0,
                  search_k: int = 5, snippet_chars: int = 120, open_chars: int = 2000, answer_weight: float = 0.5,
-                 corpus_sha256: str | None = None, queries_sha256: str | None = None):
+                 corpus_sha256: str | None = None, queries_sha256: str | None = None,
+                 index_cache: str | Path | None = None):
         # world_seed: seeds the train/valid/test split of the queries (a hash of it and the query id).
+        # index_cache: keep the BM25 index in this directory and reuse it (it changes no result, so it is
+        # not part of config()).
         # corpus_sha256 / queries_sha256: when given (a recorded config), the files must still be those.
         if (corpus is None) != (queries is None):
             raise ValueError("a corpus and its queries go together (--corpus with --queries), or neither "
@@ -89,7 +92,7 @@ class CorpusEnv(Environment):
                 path = docs_path if what == "corpus" else queries_path
                 raise ValueError(f"{path}: not the file the records were made with "
                                  f"(sha256 {self.sha256[what]}, recorded {pinned})")
-        self.corpus = Corpus(read_documents(docs_path))
+        self.corpus = Corpus(read_documents(docs_path), index_cache=index_cache, key=self.sha256["corpus"])
         self.queries = read_queries(queries_path, self.corpus.by_id, corpus_name=str(docs_path))
         self.queries_path = queries_path
         self.world_seed, self.search_k, self.snippet_chars = world_seed, search_k, snippet_chars

@@ -247,6 +247,19 @@ def test_registry_tasks_and_splits():
     assert len(read_documents(tiny_corpus()[0])) == 36
 
 
+def test_copies_of_the_env_grade_their_own_episodes():
+    """Lockstep runs each episode on copy.copy(env): an episode's opened documents are its own."""
+    import copy
+
+    env = CorpusEnv()
+    a, b = copy.copy(env), copy.copy(env)
+    a.reset(env.task("all", 7))  # q8: evidence 118
+    b.reset(env.task("all", 7))
+    a.step("open", {"docid": "118"})
+    assert a.step("answer", {"text": "Brackwater Tin Company"}).reward == 1.0
+    assert b.step("answer", {"text": "Brackwater Tin Company"}).reward == 0.5  # b opened nothing
+
+
 def test_a_recorded_config_rebuilds_the_env_and_pins_its_files(tmp_path):
     docs, queries = tmp_path / "d.jsonl", tmp_path / "q.jsonl"
     src_docs, src_queries = tiny_corpus()

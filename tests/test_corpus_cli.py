@@ -137,7 +137,8 @@ def test_missing_file_and_misused_options(tmp_path, kit):
 def test_browsecomp_plus_pyserini_beir_and_parquet_layouts_load_alike(tmp_path):
     """The same two documents and query in BrowseComp-Plus's decrypted layout (evidence_docs as objects
     with docid and text, plus gold_docs / negative_docs, ignored), Pyserini's (id / contents), BEIR's
-    (_id / title / text, question / answers), gzip, and Parquet give the same tasks and search results."""
+    (_id / title / text, question / answers), integer ids and answers, gzip, and Parquet give the same tasks
+    and search results."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -153,6 +154,8 @@ def test_browsecomp_plus_pyserini_beir_and_parquet_layouts_load_alike(tmp_path):
                        "evidence_ids": ["11"]}]),
         "beir": ([{"_id": d["docid"], "title": None, "text": d["text"], "url": d["url"]} for d in docs],
                  [{"_id": "769", "query": "Which festival?", "answer": "lantern festival", "evidence": [11]}]),
+        "int answer": (docs, [{"query_id": 769, "query": "Which festival?", "answer": ["lantern festival", 11],
+                               "evidence_docids": ["11"]}]),
     }
     envs = []
     for name, (d, q) in layouts.items():
@@ -163,10 +166,11 @@ def test_browsecomp_plus_pyserini_beir_and_parquet_layouts_load_alike(tmp_path):
         f.write("".join(json.dumps(r) + "\n" for r in docs))
     pq.write_table(pa.Table.from_pylist([bcp_query]), tmp_path / "q.parquet")
     envs.append(CorpusEnv(tmp_path / "d.jsonl.gz", tmp_path / "q.parquet"))
+    assert envs[3].task("all", 0).meta["answers"] == ["lantern festival", "11"]
     for env in envs:
         task = env.task("all", 0)
-        assert (task.id, task.meta["question"], task.meta["answers"], task.meta["evidence"]) == \
-               ("769", "Which festival?", ["lantern festival"], ["11"])
+        assert (task.id, task.meta["question"], task.meta["answers"][0], task.meta["evidence"]) == \
+               ("769", "Which festival?", "lantern festival", ["11"])
         env.reset(task)
         assert env.step("search", {"query": "lantern"}).observation.splitlines()[1].startswith(
             "1. [11] https://x.example/11: The harbour lantern festival.")

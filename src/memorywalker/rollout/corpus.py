@@ -213,10 +213,11 @@ def _evidence_ids(value: Any, where: str) -> list[str]:
 
 def _answers(value: Any, where: str) -> tuple[str, ...]:
     values = value if isinstance(value, list) else [value]
-    if value is None or not values or not all(isinstance(v, str) and v.strip() for v in values):
+    ok = [str(v) for v in values if (isinstance(v, str) and v.strip()) or (isinstance(v, int) and not isinstance(v, bool))]
+    if value is None or not values or len(ok) != len(values):
         raise CorpusError(f"{where}: the answer must be a non-empty string or a list of them "
                           f"(a field named {' or '.join(QUERY_FIELDS['answer'])}), got {json.dumps(value, default=str)}")
-    return tuple(values)
+    return tuple(ok)  # an integer answer (1838) is its decimal string
 
 
 def read_queries(path: str | os.PathLike, documents: dict[str, Document], *, corpus_name: str = "the corpus") -> list[Query]:

@@ -1,6 +1,7 @@
 """``memorywalker rollout``: episodes of an environment suite under a harness compression policy.
 
     memorywalker rollout --env websearch --suite chain --harness claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
+    memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --harness opencode --n 8 -o corpus.jsonl
 
 Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
 it stopped, without duplicating or losing episodes. Resuming checks that the file's episodes were run
@@ -19,8 +20,11 @@ def register(app: typer.Typer) -> None:
 
 
 def rollout_cmd(
-    env: str = typer.Option("websearch", "--env", help="environment: websearch | vault"),
-    suite: str = typer.Option(..., "--suite", help="websearch: lookup | bridge | chain | comparison | aggregation | navigation | constraint; vault: recall-2 | recall-3 | recall-4"),
+    env: str = typer.Option("websearch", "--env", help="environment: websearch | vault | corpus"),
+    suite: str = typer.Option(None, "--suite", help="websearch: lookup | bridge | chain | comparison | aggregation | navigation | constraint; vault: recall-2 | recall-3 | recall-4; corpus: all (the default of an env with one suite)"),
+    corpus: Path = typer.Option(None, "--corpus", help="corpus env: documents JSONL or Parquet (default: the shipped tiny corpus)"),
+    queries: Path = typer.Option(None, "--queries", help="corpus env: queries JSONL or Parquet (with --corpus)"),
+    index_cache: Path = typer.Option(None, "--index-cache", help="corpus env: save the BM25 index here once, reuse it after"),
     harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
     policy: str = typer.Option("expert", "--policy", help="expert | hf:MODEL_DIR | openai:URL"),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
@@ -61,13 +65,20 @@ def rollout_cmd(
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    if suite is None and len(ENVIRONMENTS[env].suites) != 1:
+        raise typer.BadParameter(f"--suite is required for env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
+    suite = suite or ENVIRONMENTS[env].suites[0]
     if suite not in ENVIRONMENTS[env].suites:
         raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
     if harness not in COMPRESSORS:
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test")
-    environment = ENVIRONMENTS[env](world_seed=world_seed)  # built once: the expert is the environment's
+    env_files = {"corpus": corpus, "queries": queries, "index_cache": index_cache} if env == "corpus" else {}
+    if env != "corpus" and (corpus or queries or index_cache):
+        raise typer.BadParameter(f"--corpus, --queries and --index-cache apply to --env corpus, not {env}")
+    # Built once: the expert is the environment's. A bad corpus file fails here with FILE: line N: cause.
+    environment = ENVIRONMENTS[env](world_seed=world_seed, **env_files)
     kind, _, arg = policy.partition(":")
     kwargs = {}
     if kind in ("hf", "openai"):

@@ -1,5 +1,6 @@
-"""Rollouts under compression: environments, the web-search world and suites, harness compression
-policies, policy backends, and the recording loop that writes trajectory schema v1."""
+"""Rollouts under compression: environments (the web-search world and suites, vault, a local document
+corpus), harness compression policies, policy backends, and the recording loop that writes trajectory
+schema v1."""
 
 from memorywalker.rollout.compress import (
     COMPRESSORS,
@@ -8,6 +9,7 @@ from memorywalker.rollout.compress import (
     make_compressor,
     replay_contexts,
 )
+from memorywalker.rollout.corpus_env import CorpusEnv, CorpusExpert
 from memorywalker.rollout.env import Environment, StepResult, exact_match, normalize_answer, split_of
 from memorywalker.rollout.expert import ExpertPolicy
 from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
@@ -28,7 +30,7 @@ from memorywalker.rollout.vault import VaultEnv, VaultExpert
 from memorywalker.rollout.websearch import WebSearchEnv
 from memorywalker.rollout.world import World
 
-ENVIRONMENTS = {"websearch": WebSearchEnv, "vault": VaultEnv}
+ENVIRONMENTS = {"websearch": WebSearchEnv, "vault": VaultEnv, "corpus": CorpusEnv}
 
 __all__ = [
     "COMPRESSORS",
@@ -36,6 +38,8 @@ __all__ = [
     "FAULT_KINDS",
     "SUITES",
     "Compressor",
+    "CorpusEnv",
+    "CorpusExpert",
     "Environment",
     "Episode",
     "EpisodeJob",

@@ -312,16 +312,9 @@ class Corpus:
     def search(self, query: str, k: int = 5) -> list[tuple[Document, float]]:
         """The top-``k`` documents for ``query`` with their BM25 scores (ties broken by file order;
         documents sharing no term with the query are not returned)."""
-        import bm25s
+        from memorywalker.rollout.world import bm25_top
 
-        retriever = self._index
-        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
-        if not tokens[0]:
-            return []
-        k = min(k, len(self.documents))
-        idx, scores = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
-        ranked = sorted(zip(idx[0].tolist(), scores[0].tolist(), strict=True), key=lambda d: (-d[1], d[0]))
-        return [(self.documents[i], s) for i, s in ranked if s > 0]
+        return [(self.documents[i], s) for i, s in bm25_top(self._index, query, k, len(self.documents))]
 
 
 def _read_stamp(path: Path) -> dict | None:

@@ -144,16 +144,7 @@ class World:
 
     def search(self, query: str, k: int = 5) -> list[Page]:
         """The top-``k`` pages for ``query`` by BM25 score (ties broken by page order)."""
-        import bm25s
-
-        retriever = self._index
-        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
-        if not tokens[0]:
-            return []
-        k = min(k, len(self._page_ids))
-        docs, scores = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
-        ranked = sorted(zip(docs[0].tolist(), scores[0].tolist(), strict=True), key=lambda d: (-d[1], d[0]))
-        return [self.pages[self._page_ids[i]] for i, s in ranked if s > 0]
+        return [self.pages[self._page_ids[i]] for i, _ in bm25_top(self._index, query, k, len(self._page_ids))]
 
 
 # --- page text ----------------------------------------------------------------------------------------
@@ -218,3 +209,17 @@ def _distractor_page(title: str, about: str, entities: dict[str, Entity], names:
             f"but visitors to {about} often stop by.")
     return "\n".join([title, "Facts:", *facts, "", lead, _filler(rng, names, 4),
                       f"See also: {about} [{e.page}]", "Links: " + e.page])
+
+
+def bm25_top(retriever, query: str, k: int, n: int) -> list[tuple[int, float]]:
+    """The ``k`` best of ``n`` indexed documents for ``query``: (index, BM25 score), best first, ties broken
+    by index; documents sharing no term with the query (score 0) are left out. English stopwords, as
+    the indexes here are built."""
+    import bm25s
+
+    tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
+    if not tokens[0]:
+        return []
+    idx, scores = retriever.retrieve(tokens, k=min(k, n), show_progress=False, n_threads=1)
+    ranked = sorted(zip(idx[0].tolist(), scores[0].tolist(), strict=True), key=lambda d: (-d[1], d[0]))
+    return [(i, s) for i, s in ranked if s > 0]

@@ -40,7 +40,7 @@ from memorywalker.engine.logprobs import kl_term
 from memorywalker.fileio import atomic_write
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
-from memorywalker.render import Renderer, RenderOptions
+from memorywalker.render import Renderer
 from memorywalker.train.adapter import (
     engine_model,
     is_adapted,
@@ -197,7 +197,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
         raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
     # The tokenizer first: out-of-vocabulary ids and over-long calls are set aside before the model loads.
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
-    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
                      full_view=get_method(cfg.method).full_view)  # as in sft/rl: sdcc trains on the full view
     trajectories = read_records("dpo", cfg.data, trajectories, tokenizer=tokenizer, check=fits,
@@ -223,9 +223,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
                          + (f"; first rejection: {rejected[0]['reason']}" if rejected else ""))
 
     # --- reference sums, once (before any update or resume), through the cache -------------------------
-    engine = EngineConfig(method=cfg.method, objective="nll", normalization="token", attention=cfg.attention,
-                          max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
-                          checkpoint_chunks=cfg.checkpoint_chunks)
+    engine = cfg.engine_config("nll")  # its logprobs feed pair_loss, normalized per pair ("sequence")
     ref_model = model
     if cfg.ref_model is not None:
         ref_model, _ = load_model(cfg.ref_model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))

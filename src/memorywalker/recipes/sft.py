@@ -25,9 +25,9 @@ from typing import Literal
 import torch
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
+from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.records.schema import Trajectory
-from memorywalker.render import Renderer, RenderOptions
+from memorywalker.render import Renderer
 from memorywalker.train.adapter import (
     engine_model,
     is_adapted,
@@ -84,7 +84,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     # The tokenizer first: recorded ids it does not have, and calls longer than the model's positions,
     # are set aside with their reason (rejects file) before anything else is written or run.
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
-    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
                      full_view=get_method(cfg.method).full_view)  # sdcc trains on the uncompressed transcript
     trajectories = read_records("sft", cfg.data, trajectories, tokenizer=tokenizer, check=fits,
@@ -111,9 +111,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
                          f"the data now has {len(data)}")
     if info.is_main:
         record_config(cfg)
-    engine = EngineConfig(method=cfg.method, objective="nll", normalization=cfg.normalization,
-                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
-                          checkpoint_chunks=cfg.checkpoint_chunks)
+    engine = cfg.engine_config("nll")
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 

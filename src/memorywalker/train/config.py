@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from memorywalker.engine.config import EngineConfig
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -28,6 +30,9 @@ else:  # pragma: no cover
 
 class ConfigError(ValueError):
     pass
+
+
+_ENGINE = EngineConfig()  # the engine's defaults, which the recipe configs take over
 
 
 class RecipeConfig(BaseModel):
@@ -69,18 +74,21 @@ class TrainConfig(RecipeConfig):
     tokenizer: str | None = None  # tokenizer dir with a chat template; default: the model's
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
     device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
-    # --- engine (DESIGN.md)
-    method: str = "radix"  # a method of the registry (memorywalker.engine.METHODS)
-    normalization: str = "token"  # objectives.normalize.TARGET_NORMALIZATIONS: what each target's loss is divided by
-    attention: str | None = None  # mask-schedule methods: sdpa | eager | flex; None = the model's own
-    max_tokens: int = 8192  # tokens per forward (packed buffer / radix chunk and batch size)
+    # --- engine (DESIGN.md): memorywalker.engine.EngineConfig's fields of the same names, its defaults
+    method: str = _ENGINE.method  # a method of the registry (memorywalker.engine.METHODS)
+    normalization: str = _ENGINE.normalization  # objectives.normalize.TARGET_NORMALIZATIONS
+    attention: str | None = _ENGINE.attention  # mask-schedule methods: sdpa | eager | flex; None = the model's own
+    max_tokens: int = _ENGINE.max_tokens  # tokens per forward (packed buffer / radix chunk and batch size)
     # Longest call sequence S_t a trajectory may have; longer ones are set aside (reason too_long) before
     # any forward. None = the model's max_position_embeddings (from its config.json).
     max_seq_len: int | None = None
-    sdcc_lambda: float = 1.0  # sdcc: weight λ of KL(teacher ‖ student)
+    sdcc_lambda: float = _ENGINE.sdcc_lambda  # sdcc: weight λ of KL(teacher ‖ student)
+    sdcc_students: str = _ENGINE.sdcc_students  # sdcc: junctions | all (a student per selected call)
+    sdcc_compressed_main: bool = _ENGINE.sdcc_compressed_main  # sdcc: students' main loss on their own S_t
+    sdcc_full_view_artifacts: bool = False  # sdcc: the full view keeps the harness's summaries/placeholders
     # radix schedule: recompute each forward's activations in the backward, keeping the cached keys/values
     # (long sessions in memory ~ tokens x K/V bytes per token; costs one more forward)
-    checkpoint_chunks: bool = False
+    checkpoint_chunks: bool = _ENGINE.checkpoint_chunks
     # --- optimization
     steps: int = 100  # optimizer steps of the whole run
     grad_accum: int = 1  # micro-batches per rank per optimizer step
@@ -108,6 +116,27 @@ class TrainConfig(RecipeConfig):
     mixed_precision: str | None = None  # fsdp: dtype the gathered parameters compute in (bfloat16); grads reduce in fp32
     activation_checkpointing: bool = False  # fsdp: each decoder layer recomputes its activations in backward
     collective_timeout: float = 600.0  # seconds a collective may wait before the run fails, naming the cause
+
+    def engine_config(self, objective: str, **fields) -> EngineConfig:
+        """The engine configuration of this recipe's step: its engine fields, the recipe's ``objective``
+        and ``fields`` (e.g. RL's clipping)."""
+        return EngineConfig(method=self.method, objective=objective, normalization=self.normalization,
+                            attention=self.attention, max_tokens=self.max_tokens, sdcc_lambda=self.sdcc_lambda,
+                            sdcc_students=self.sdcc_students, sdcc_compressed_main=self.sdcc_compressed_main,
+                            checkpoint_chunks=self.checkpoint_chunks, **fields)
+
+    def render_options(self, **fields):
+        """How this recipe renders its records (``fields``: the recipe's, e.g. ``truncated``)."""
+        from memorywalker.render import RenderOptions
+
+        return RenderOptions(full_view_artifacts=self.sdcc_full_view_artifacts, **fields)
+
+    @field_validator("sdcc_students")
+    @classmethod
+    def _sdcc_students(cls, v: str) -> str:
+        if v not in ("junctions", "all"):
+            raise ValueError(f"unknown sdcc_students {v!r}; valid: junctions, all")
+        return v
 
     @field_validator("method")
     @classmethod

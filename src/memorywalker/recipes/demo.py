@@ -91,7 +91,12 @@ class DemoConfig:
     rl_prompts: int = 8
     rl_group: int = 8  # groups of 4 left a step without any reward variance (measured)
     rl_lr: float = 2e-4
+    # --- SDCC (engine/config.py): the KL weight, which calls get a student, where students' main loss is
+    # taken, and whether the full view keeps the harness's summaries (docs/sdcc.md measures each)
     sdcc_lambda: float = 1.0
+    sdcc_students: str = "junctions"
+    sdcc_compressed_main: bool = False
+    sdcc_full_view_artifacts: bool = False
     # Tokens per forward. The mask schedule (tree-mask) builds a dense [L, L] mask per buffer, whose cost on
     # CPU grows with L²: 1024 holds one episode tree or GRPO forest, and is 2.5x faster than 4096 for the
     # same loss (measured); a forest longer than that runs the radix schedule (engine/methods.py).
@@ -111,8 +116,9 @@ QUICK = replace(FULL, pretrain_steps=120, warm_episodes=800, warm_summaries=200,
                 sft_steps=16, rl_steps=2, rl_prompts=2, rl_group=2, eval_tasks=8)
 
 
-def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
-    """Run every stage for one seed; return the results dict (also written to ``out/results.json``)."""
+def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
+    """Stages 1-3 for one seed — kit, expert episodes, warm start — into ``out``: what every method's
+    job reads (``kit/tokenizer``, ``expert.jsonl``, ``warm/final``). Returns what the report records."""
     from transformers import AutoTokenizer
 
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
@@ -124,7 +130,6 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     env = VaultEnv(cfg.seed)
     harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
@@ -170,16 +175,25 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
                      trajectories=plain, progress=progress)
     warm_loss = [float(m["loss"]) for m in warm.metrics]
     log(f"[warm] loss {warm_loss[0]:.3f} -> {warm_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
+    return {"pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
+            "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)],
+            "warm_dir": str(warm.final_dir)}
+
+
+def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
+    """Run every stage for one seed; return the results dict (also written to ``out/results.json``)."""
+    out = Path(out)
+    t_start = time.perf_counter()
+    prep = prepare(cfg, out, progress=progress, log=log)
 
     # --- 4-6. per method: SFT on compressed episodes, evaluate, GRPO, evaluate (side by side) -------------
-    jobs = [MethodJob(cfg, str(out), method, str(warm.final_dir)) for method in cfg.methods]
+    jobs = [MethodJob(cfg, str(out), method, prep["warm_dir"]) for method in cfg.methods]
     results: dict[str, dict] = {}
-    for job, (res, line) in zip(jobs, _map_jobs(jobs, cfg.workers), strict=True):
+    for job, (res, line) in zip(jobs, map_jobs(jobs, cfg.workers), strict=True):
         results[job.method] = res
         log(line)
 
-    doc = {"config": asdict(cfg), "pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
-           "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)], "methods": results}
+    doc = {"config": asdict(cfg), **{k: v for k, v in prep.items() if k != "warm_dir"}, "methods": results}
     doc["summary"] = summarize(doc)
     doc["seconds_total"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=_num))
@@ -189,12 +203,15 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
 
 @dataclass(frozen=True)
 class MethodJob:
-    """One method's stages 4-6; everything else it needs is in ``out`` (kit, expert.jsonl, warm start)."""
+    """One method's stages 4-6; everything else it needs is in ``out`` (kit, expert.jsonl, warm start).
+    ``rl=False`` stops after SFT and its evaluation; ``label`` names its run folders (default: the method)."""
 
     cfg: DemoConfig
     out: str
     method: str
     warm_dir: str
+    rl: bool = True
+    label: str = ""
 
 
 def run_method(job: MethodJob) -> tuple[dict, str]:
@@ -209,6 +226,9 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
     from memorywalker.rollout.vault import VaultEnv
 
     cfg, out, method = job.cfg, Path(job.out), job.method
+    name = job.label or method
+    sdcc = dict(sdcc_lambda=cfg.sdcc_lambda, sdcc_students=cfg.sdcc_students,
+                sdcc_compressed_main=cfg.sdcc_compressed_main, sdcc_full_view_artifacts=cfg.sdcc_full_view_artifacts)
     with _threads(1):
         env = VaultEnv(cfg.seed)
         harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
@@ -216,26 +236,30 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
         expert = read_trajectories(out / "expert.jsonl")
         tasks = _eval_tasks(env, cfg)
         t0 = time.perf_counter()
-        res = sft.train(sft.SFTConfig(model=job.warm_dir, run_dir=str(out / f"sft-{method}"), method=method,
+        res = sft.train(sft.SFTConfig(model=job.warm_dir, run_dir=str(out / f"sft-{name}"), method=method,
                                       steps=cfg.sft_steps, batch_size=cfg.sft_batch, lr=cfg.sft_lr, warmup_steps=5,
                                       max_tokens=_max_tokens(cfg, method), save_every=cfg.sft_steps,
-                                      sdcc_lambda=cfg.sdcc_lambda, seed=cfg.seed), trajectories=expert, progress=False)
+                                      seed=cfg.seed, **sdcc), trajectories=expert, progress=False)
         sft_seconds = time.perf_counter() - t0
         model = AutoModelForCausalLM.from_pretrained(res.final_dir).eval()
         sft_eval = heldout(model, tokenizer, env, harness, tasks, method, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-                           out=out / f"eval-sft-{method}")
+                           out=out / f"eval-sft-{name}")
+        if not job.rl:
+            result = {"sft": sft_eval, "sft_loss": [float(m["loss"]) for m in res.metrics],
+                      "sft_seconds": round(sft_seconds, 1)}
+            return result, f"[{name}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}"
         t0 = time.perf_counter()
-        rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{method}"), method=method,
+        rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{name}"), method=method,
                                       env="vault", steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts,
                                       group_size=cfg.rl_group, suite=cfg.suite, harness=cfg.harnesses[0],
                                       budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns,
-                                      max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, sdcc_lambda=cfg.sdcc_lambda,
+                                      max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, **sdcc,
                                       max_tokens=_max_tokens(cfg, method), save_every=cfg.rl_steps, seed=cfg.seed),
                           env=env, progress=False)
         rl_seconds = time.perf_counter() - t0
         model = AutoModelForCausalLM.from_pretrained(rl_res.final_dir).eval()
         rl_eval = heldout(model, tokenizer, env, harness, tasks, method, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-                          out=out / f"eval-rl-{method}")
+                          out=out / f"eval-rl-{name}")
     steps = rl_res.metrics
     result = {
         "sft": sft_eval, "rl": rl_eval,
@@ -244,12 +268,12 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
                      ("reward_mean", "groups_with_signal", "logprob_abs_diff", "eps_kl_mean", "tv_bound")},
         "sft_seconds": round(sft_seconds, 1), "rl_seconds": round(rl_seconds, 1),
     }
-    line = (f"[{method}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}; RL {rl_seconds:.0f}s reward per "
+    line = (f"[{name}] SFT {sft_seconds:.0f}s reward {_rewards_line(sft_eval)}; RL {rl_seconds:.0f}s reward per "
             f"step {[round(_num(m.get('reward_mean')), 2) for m in steps]} -> {_rewards_line(rl_eval)}")
     return result, line
 
 
-def _map_jobs(jobs: list[MethodJob], workers: int):
+def map_jobs(jobs: list[MethodJob], workers: int):
     """``run_method`` over ``jobs``, results in job order: here, or in ``workers`` processes."""
     if workers <= 1 or len(jobs) <= 1:
         yield from map(run_method, jobs)

@@ -94,7 +94,8 @@ def table(doc: dict) -> str:
                 m, lo, hi = paired_bootstrap(d)
                 diff = f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
             rows.append([f"`{v}`", *cells, f"{np.mean(means):.3f} ± {sd:.3f}", diff])
-        out.append(f"Held-out reward after SFT under `{h}` (64 tasks per seed, mean [bootstrap 95 % interval]):\n\n"
+        tasks = len(doc["runs"][seeds[0]]["results"][variants[0]][h])
+        out.append(f"Held-out reward after SFT under `{h}` ({tasks} tasks per seed, mean [bootstrap 95 % interval]):\n\n"
                    + "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
                                 *("| " + " | ".join(r) + " |" for r in rows)]))
     return "\n\n".join(out)

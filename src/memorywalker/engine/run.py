@@ -23,6 +23,7 @@ from memorywalker.objectives.losses import (
 )
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
+from memorywalker.objectives.rollout_correction import rollout_corr_metrics, rollout_correction_weight
 
 
 @dataclass
@@ -37,6 +38,12 @@ class EngineConfig:
     clip_low: float = 0.2  # PPO ε for ratios below 1
     clip_high: float = 0.2  # PPO ε for ratios above 1 (DAPO's clip-higher uses 0.28)
     tis_cap: float | None = None  # truncated importance sampling cap C (e.g. 2.0); None = off
+    # Rollout correction (objectives/rollout_correction.py, verl's names), ρ = π_old / π_rollout at a level
+    # of rollout_correction.LEVELS (token | call | sequence | geometric); needs batch.old_logprob.
+    rollout_is: str | None = None  # TIS: the loss is weighted by min(ρ, rollout_is_threshold); None = off
+    rollout_is_threshold: float = 2.0
+    rollout_rs: str | None = None  # MIS: weight 0 where ρ leaves [lo, hi] = rollout_rs_threshold; None = off
+    rollout_rs_threshold: tuple[float, float] = (0.5, 2.0)
     grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
     sdcc_lambda: float = 1.0  # weight λ of the KL term
     sdcc_students: str = "junctions"  # junctions | all (one student per selected call)
@@ -77,10 +84,12 @@ class Columns:
     advantage: torch.Tensor
     rollout_logprob: torch.Tensor
     old_logprob: torch.Tensor | None
+    correction: torch.Tensor | None = None  # rollout correction weight (TIS x MIS), detached
 
     def take(self, idx: torch.Tensor) -> Columns:
         return Columns(self.advantage[idx], self.rollout_logprob[idx],
-                       None if self.old_logprob is None else self.old_logprob[idx])
+                       None if self.old_logprob is None else self.old_logprob[idx],
+                       None if self.correction is None else self.correction[idx])
 
 
 def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
@@ -89,8 +98,11 @@ def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
 
 def _ppo(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
     old = behaviour_logprob(logprob, cols.old_logprob, cols.rollout_logprob)
-    return ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                    rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
+    loss, stats = ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                           rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
+    if cols.correction is not None:
+        loss = loss * cols.correction  # ℓ_i · w_i, w = min(ρ, C) · 1[lo ≤ ρ ≤ hi] (rollout correction)
+    return loss, stats
 
 
 def _weighted(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
@@ -206,13 +218,17 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         old_logprob=None if batch.old_logprob is None else torch.from_numpy(batch.old_logprob).float().to(device),
     )
 
+    stats: dict[str, torch.Tensor] = {}
+    corr_metrics: dict[str, torch.Tensor] = {}
+    if cfg.rollout_is is not None or cfg.rollout_rs is not None:
+        cols.correction, stats, corr_metrics = _rollout_correction(batch, cfg, device)
+
     if backward and objective.scaled_by_advantage and not method.kl and not cols.advantage.any():
         # No target has an advantage (every GRPO group of the batch had equal rewards): the gradient is
         # exactly 0, so the forwards run for the logprobs and metrics only. The optimizer step is the same:
         # optimizer_step treats a missing gradient as zeros; no collective happens inside the engine.
         backward = False
     logprobs = torch.full((n,), float("nan"), device=device)
-    stats: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=device)
     pending = torch.zeros((), device=device)  # graph of a one-backward method
     teacher: torch.Tensor | None = None  # [J, H] detached teacher hidden states (sdcc)
@@ -262,8 +278,28 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
             total = pending.detach()
 
     metrics = _metrics(batch, layout, passes, logprobs, stats, eps_kl)
+    metrics.update(corr_metrics)
     metrics["loss"] = total
     return EngineResult(total, logprobs, torch.from_numpy(layout.weight), metrics, layout, eps_kl)
+
+
+def _rollout_correction(batch: Batch, cfg: EngineConfig, device):
+    """Per-target rollout correction weight [N], its stats [N] and the ``rollout_corr/*`` metrics, from
+    the trainer's recomputation of the collecting policy (``batch.old_logprob``) against the records."""
+    if batch.old_logprob is None:
+        raise ValueError("rollout_is / rollout_rs need batch.old_logprob: the trainer's logprobs of the "
+                         "collecting policy (the RL recipe recomputes them once per step)")
+    if cfg.tis_cap is not None and cfg.rollout_is is not None:
+        raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+    tg = batch.targets
+    old = torch.from_numpy(batch.old_logprob).float().to(device)
+    rollout = torch.from_numpy(tg.rollout_logprob).float().to(device)
+    call, seq = torch.from_numpy(tg.call).to(device), torch.from_numpy(tg.trajectory).to(device)
+    weight, stats = rollout_correction_weight(old, rollout, call, seq, rollout_is=cfg.rollout_is,
+                                              rollout_is_threshold=cfg.rollout_is_threshold,
+                                              rollout_rs=cfg.rollout_rs,
+                                              rollout_rs_threshold=tuple(cfg.rollout_rs_threshold))
+    return weight, stats, rollout_corr_metrics(old, rollout, seq, threshold=cfg.rollout_is_threshold)
 
 
 def _kl_term(layout: Layout, kl_rows: torch.Tensor, den: Denominators, cfg: EngineConfig, device):

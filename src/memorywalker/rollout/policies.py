@@ -6,6 +6,8 @@
   the distribution sampled from, softmax(logits / T); greedy: untempered) and their top-k. The KV cache is
   reused while the context only grows: each call keeps the cached prefix it shares with the new prompt
   and recomputes the rest, so after an eviction everything past the shared system/task prefix is rebuilt.
+* ``vllm:DIR`` — a vLLM engine in this process (:mod:`memorywalker.rollout.vllm_policy`): token-id
+  prompts, many episodes' calls in one ``generate``, and the RL recipe's weight sync.
 * ``openai:URL`` — an OpenAI-compatible completions endpoint (vLLM, SGLang). The harness sends the
   rendered prompt as token ids and asks for token ids and logprobs back; see docs/rollouts.md for the
   server flags.
@@ -370,7 +372,7 @@ def parse_completion(data: dict[str, Any]) -> PolicyOutput:
 # --- lookup --------------------------------------------------------------------------------------------
 
 def make_policy(spec: str, *, env=None, **kwargs: Any) -> Policy:
-    """``expert`` | ``hf:DIR`` | ``openai:URL`` → a policy. Extra keyword arguments go to its constructor.
+    """``expert`` | ``hf:DIR`` | ``openai:URL`` | ``vllm:DIR`` → a policy. Extra keyword arguments go to its constructor.
 
     ``expert`` is the scripted expert of ``env`` (its ``expert()``), the web-search expert by default.
     """
@@ -383,4 +385,8 @@ def make_policy(spec: str, *, env=None, **kwargs: Any) -> Policy:
         return HFPolicy(arg, **kwargs)
     if kind == "openai" and arg:
         return OpenAIPolicy(arg, **kwargs)
-    raise ValueError(f"unknown policy {spec!r}; valid: expert, hf:DIR, openai:URL")
+    if kind == "vllm" and arg:
+        from memorywalker.rollout.vllm_policy import VLLMPolicy  # imports vLLM lazily, one line when missing
+
+        return VLLMPolicy(arg, **kwargs)
+    raise ValueError(f"unknown policy {spec!r}; valid: expert, hf:DIR, openai:URL, vllm:DIR")

@@ -121,6 +121,35 @@ class VLLMPolicy:
         except Exception as e:  # noqa: BLE001 — vLLM raises many types; the cause is reported in one line
             raise EngineError(f"vllm could not start an engine for {self.model_dir}: {_one_line(e)}") from None
         self.stats = {"requests": 0, "batches": 0, "syncs": 0, "sync_seconds": 0.0}
+        self.dead: str | None = None  # why the engine is gone, once it is
+        self._closing = False
+        self._watch()
+
+    def _watch(self) -> None:
+        """vLLM's offline ``LLM.generate`` blocks forever when its engine process dies (vLLM's monitor marks
+        the engine dead, but nothing wakes the call waiting on the output queue): a daemon thread waits on
+        the engine processes and, when one exits, hands the waiting call an ``EngineDeadError`` through that
+        queue. Nothing to watch when the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+        import multiprocessing.connection
+        import threading
+
+        core = self.llm.llm_engine.engine_core
+        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+        outputs = getattr(core, "outputs_queue", None)
+        if manager is None or outputs is None:
+            return
+        sentinels = [p.sentinel for p in manager.processes]
+
+        def wait() -> None:
+            multiprocessing.connection.wait(sentinels)
+            if self._closing:
+                return
+            self.dead = "its engine process exited"
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            outputs.put_nowait(EngineDeadError())
+
+        threading.Thread(target=wait, daemon=True, name="memorywalker-vllm-watch").start()
 
     # --- the Policy protocol ---------------------------------------------------------------------------
 
@@ -150,11 +179,17 @@ class VLLMPolicy:
                               f"{self.max_model_len} ({self.model_dir}): raise max_model_len or lower the "
                               "harness's max_context")
 
+    def _alive(self) -> None:
+        if self.dead is not None or self.llm is None:
+            raise EngineError(f"vllm engine ({self.model_dir}) is gone: {self.dead or 'closed'}")
+
     def _generate(self, prompts: list, params) -> list:
+        self._alive()
         try:
             return self.llm.generate(prompts, params, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 — a dead engine raises EngineDeadError, a bad request ValueError
-            raise EngineError(f"vllm engine ({self.model_dir}) failed: {_one_line(e)}") from None
+            cause = f"its engine process exited ({_one_line(e)})" if self.dead else _one_line(e)
+            raise EngineError(f"vllm engine ({self.model_dir}) failed: {cause}") from None
 
     def generate_batch(self, prompts: list[list[int]], *, seeds: list[int],
                        max_new_tokens: int | None = None) -> list[PolicyOutput]:
@@ -206,6 +241,7 @@ class VLLMPolicy:
         took. Every worker must report loaded parameters, else :class:`EngineError`."""
         from safetensors.torch import save_file
 
+        self._alive()
         t0 = time.perf_counter()
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="memorywalker-weights-", suffix=".safetensors", dir=shm)
@@ -229,6 +265,7 @@ class VLLMPolicy:
     def close(self) -> None:
         """Stop the engine's processes (also done at interpreter exit)."""
         llm = getattr(self, "llm", None)
+        self._closing = True
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown()

@@ -58,11 +58,12 @@ def test_sequence_tis_and_mis_by_hand():
 
 def test_unrecorded_logprobs_count_as_ratio_one():
     """A target without a rollout logprob (NaN) contributes log ρ = 0: episode 0's sequence log ρ is
-    0.2 + 0 = 0.2 without its third token's −0.1."""
+    0.2 + 0 = 0.2 without its third token's −0.1, and its geometric mean is over the 2 compared tokens:
+    0.2 / 2 = 0.1."""
     roll = ROLLOUT.clone()
     roll[2] = float("nan")
-    got = level_log_ratio(OLD, roll, CALL, SEQ, "sequence")
-    assert torch.allclose(got[:3], torch.tensor([0.2] * 3), atol=1e-6)
+    assert torch.allclose(level_log_ratio(OLD, roll, CALL, SEQ, "sequence")[:3], torch.tensor([0.2] * 3), atol=1e-6)
+    assert torch.allclose(level_log_ratio(OLD, roll, CALL, SEQ, "geometric")[:3], torch.tensor([0.1] * 3), atol=1e-6)
 
 
 def test_rollout_corr_metrics_by_hand():
@@ -118,4 +119,24 @@ def test_engine_loss_is_weighted_by_the_correction(kit, tokenizer):
     assert float(mis.metrics["rollout_corr/rollout_is_min"]) == pytest.approx(math.exp(-1), rel=1e-5)
     with pytest.raises(ValueError, match="need batch.old_logprob"):
         batch.old_logprob = None
-        run(model, batch, EngineConfig(method="radix", objective="grpo", rollout_is="token"), backward=False)
+        run(model, batch, EngineConfig(method="radix", objective="grpo", rollout_is="token"))
+
+
+def test_rl_recipe_corrects_by_the_recomputed_collecting_policy(kit, tmp_path):
+    """The RL recipe with a sampler whose records are off by a known amount (test_recipe_rl's
+    ``shifted_sampler``: every rollout logprob moved by ``shift``). π_old is recomputed by the trainer, so
+    log ρ = −shift on every compared token. Records 0.3 too high: the geometric ρ of every episode is
+    e^−0.3 = 0.7408, so geometric TIS weighs every target by 0.7408 and geometric MIS over [0.5, 2] keeps
+    all (masked share 0). Records 1.0 too low: each episode's ∏ρ = e^(n·1.0) > 2 for any n ≥ 1, so sequence
+    MIS drops every target (masked share 1) and the loss is exactly 0."""
+    from memorywalker.recipes.rl import train
+    from test_recipe_rl import config, shifted_sampler
+
+    m = train(config(kit, tmp_path / "geo", rollout_is="geometric", rollout_rs="geometric"),
+              reward_fn=shifted_sampler(0.3), progress=False).metrics[0]
+    assert abs(m["mean_rollout_is"] - math.exp(-0.3)) < 1e-4 and m["mean_rollout_rs_masked"] == 0.0
+    assert abs(m["rollout_corr/kl"] - 0.3) < 1e-4 and abs(m["mean_ratio"] - 1.0) < 1e-6
+    m = train(config(kit, tmp_path / "seq", rollout_rs="sequence"), reward_fn=shifted_sampler(-1.0),
+              progress=False).metrics[0]
+    assert m["mean_rollout_rs_masked"] == 1.0 and m["loss"] == 0.0
+    assert abs(m["rollout_corr/rollout_is_min"] - math.e) < 1e-3 and m["rollout_corr/rollout_is_ratio_fraction_high"] == 1.0

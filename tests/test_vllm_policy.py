@@ -89,11 +89,12 @@ def test_token_id_prompts_give_ids_and_logprobs_equal_to_hf(engine, hf, tokenize
     assert float((ref[torch.arange(len(hot.token_ids)), hot.token_ids] - torch.tensor(hot.logprobs)).abs().max()) < TOL
 
 
-def test_a_batch_over_the_token_budget_with_seeds_is_served(engine, hf):
+def test_a_batch_over_the_token_budget_with_seeds_is_served(engine, hf, tokenizer):
     """Twelve seeded prompts of 900 tokens (10,800 > the 8,192 tokens a step schedules): vLLM 0.32's CPU
     runner crashed on this with chunked prefill (a seeded request's generator cannot rewind), so the
     policy schedules whole prompts; each output's logprobs still equal the HF forward within 1e-5."""
-    prompts = [[(7 * i + j) % 900 + 40 for j in range(900)] for i in range(12)]
+    span = len(tokenizer) - 40  # ids 40 .. len(tokenizer) - 1: past the kit's special tokens, inside its vocabulary
+    prompts = [[(7 * i + j) % span + 40 for j in range(900)] for i in range(12)]
     outs = engine.generate_batch(prompts, seeds=list(range(12)), max_new_tokens=4)
     assert [len(o.token_ids) > 0 for o in outs] == [True] * 12
     for p, o in [(prompts[0], outs[0]), (prompts[-1], outs[-1])]:

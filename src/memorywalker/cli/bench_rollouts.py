@@ -11,6 +11,13 @@ episodes whose response tokens agree between the two, and the largest |Δ logpro
 share token for token (float rounding of the batched forward). JSON keys: ``config``, ``episodes``,
 ``calls``, ``response_tokens``, ``sequential_s``, ``lockstep_s``, ``speedup``, ``same_episodes``,
 ``max_abs_logprob_diff``.
+
+``--vllm`` adds a third row: the same jobs in lockstep through a vLLM engine in this process
+(:class:`~memorywalker.rollout.vllm_policy.VLLMPolicy`, one ``generate`` per round of calls), timed after
+the engine started and served one warm-up request (``vllm_start_s``, ``vllm_warmup_s`` are reported
+apart). The model must be one vLLM serves (on CPU: head_dim 32, 64, 128, ...; not the default kit's 16).
+JSON adds ``vllm_s``, ``vllm_episodes_per_s``, ``vllm_calls``, ``vllm_response_tokens``; every row also
+has ``*_episodes_per_s``.
 """
 
 from __future__ import annotations
@@ -40,11 +47,19 @@ def bench_rollouts(
     repeats: int = typer.Option(1, min=1, help="timed runs of each (median reported)"),
     seed: int = typer.Option(0),
     json_out: str = typer.Option(None, "--json", help="write the result as JSON to this path ('-' = stdout)"),
+    vllm: bool = typer.Option(False, "--vllm/--no-vllm", help="also time the jobs through a vLLM engine (vllm extra)"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16: both samplers' dtype"),
 ) -> None:
-    """Seconds to roll out the same episodes one by one and in lockstep, side by side."""
+    """Seconds to roll out the same episodes one by one and in lockstep (and with --vllm through vLLM)."""
+    # the vLLM row first: an engine that cannot start fails before the minutes of the HF rows
+    row = run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
+                       budget=budget, tasks=tasks, group=group, temperature=temperature, max_new_tokens=max_new_tokens,
+                       max_turns=max_turns, seed=seed, dtype=dtype) if vllm else {}
     result = run_rollout_bench(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                                budget=budget, tasks=tasks, group=group, temperature=temperature,
-                               max_new_tokens=max_new_tokens, max_turns=max_turns, repeats=repeats, seed=seed)
+                               max_new_tokens=max_new_tokens, max_turns=max_turns, repeats=repeats, seed=seed,
+                               dtype=dtype)
+    result.update(row)
     if json_out == "-":
         typer.echo(json.dumps(result, indent=2))
         return
@@ -55,25 +70,20 @@ def bench_rollouts(
                f"speed-up: {r['speedup']:.2f}x")
     typer.echo(f"same response tokens: {r['same_episodes']} of {r['episodes']} episodes; "
                f"max |Δ logprob| on shared calls: {r['max_abs_logprob_diff']:.2e}")
+    typer.echo(f"episodes/s: one by one {r['sequential_episodes_per_s']:.2f}   lockstep (hf) "
+               f"{r['lockstep_episodes_per_s']:.2f}" + (f"   vllm {r['vllm_episodes_per_s']:.2f} ({r['vllm_calls']} calls, "
+               f"{r['vllm_response_tokens']} response tokens; engine start {r['vllm_start_s']:.1f} s, warm-up "
+               f"{r['vllm_warmup_s']:.1f} s, not counted)" if "vllm_s" in r else ""))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2))
 
 
 def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
                       group: int, temperature: float, max_new_tokens: int, max_turns: int, repeats: int,
-                      seed: int) -> dict:
+                      seed: int, dtype: str = "float32") -> dict:
     from transformers import AutoTokenizer
 
-    from memorywalker.rollout import (
-        ENVIRONMENTS,
-        EpisodeJob,
-        HarnessConfig,
-        HFPolicy,
-        plan,
-        run_episode,
-        run_episodes,
-    )
-    from memorywalker.rollout.harness import call_seed
+    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode, run_episodes
 
     if model_dir is None:
         from memorywalker.modelkit import default_kit
@@ -84,10 +94,9 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
                                  param_hint="--env")
     world = ENVIRONMENTS[env_name](seed)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
-    policy = HFPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok)
+    policy = HFPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok, dtype=dtype)
     cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
-    jobs = [EpisodeJob(e.task, call_seed(seed, e.task.id, j), f"{e.task.id}-r{j}")
-            for e in plan(world, suite, tasks, seed=seed, harness=harness, split="train") for j in range(group)]
+    jobs = _jobs(world, suite, tasks, group, seed, harness)
 
     def one_by_one():
         return [run_episode(world, j.task, policy, tok, cfg, seed=j.seed, episode_id=j.episode_id) for j in jobs]
@@ -113,8 +122,53 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
     s, lk = statistics.median(times["one_by_one"]), statistics.median(times["lockstep"])
     return {"config": {"model": str(model_dir), "env": env_name, "suite": suite, "harness": harness, "budget": budget,
                        "tasks": tasks, "group": group, "temperature": temperature, "max_new_tokens": max_new_tokens,
-                       "max_turns": max_turns, "repeats": repeats, "seed": seed},
+                       "max_turns": max_turns, "repeats": repeats, "seed": seed, "dtype": dtype},
             "episodes": len(jobs), "calls": sum(len(t.calls) for t in lock),
             "response_tokens": sum(len(c.response_tokens) for t in lock for c in t.calls),
             "sequential_s": s, "lockstep_s": lk, "speedup": s / lk, "same_episodes": same,
-            "max_abs_logprob_diff": diff}
+            "max_abs_logprob_diff": diff, "sequential_episodes_per_s": len(jobs) / s,
+            "lockstep_episodes_per_s": len(jobs) / lk}
+
+
+def _jobs(world, suite: str, tasks: int, group: int, seed: int, harness: str):
+    from memorywalker.rollout import EpisodeJob, plan
+    from memorywalker.rollout.harness import call_seed
+
+    return [EpisodeJob(e.task, call_seed(seed, e.task.id, j), f"{e.task.id}-r{j}")
+            for e in plan(world, suite, tasks, seed=seed, harness=harness, split="train") for j in range(group)]
+
+
+def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
+                 group: int, temperature: float, max_new_tokens: int, max_turns: int, seed: int, dtype: str) -> dict:
+    """The same jobs as :func:`run_rollout_bench`, in lockstep through a vLLM engine, timed once."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, run_episodes
+    from memorywalker.rollout.vllm_policy import VLLMPolicy
+
+    if model_dir is None:
+        raise typer.BadParameter("--vllm needs --model: a model vLLM serves (the default kit's head_dim 16 is "
+                                 "refused by vLLM's CPU attention)", param_hint="--model")
+    world = ENVIRONMENTS[env_name](seed)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
+    t0 = time.perf_counter()
+    from memorywalker.train.inputs import model_positions
+
+    window = min(cfg.max_context + max_new_tokens, model_positions(model_dir) or cfg.max_context + max_new_tokens)
+    policy = VLLMPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok,
+                        dtype=dtype, max_model_len=window, seed=seed)
+    try:
+        start = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        policy.generate_batch([list(tok("warm-up")["input_ids"]) or [0]], seeds=[0])
+        warmup = time.perf_counter() - t0
+        jobs = _jobs(world, suite, tasks, group, seed, harness)
+        t0 = time.perf_counter()
+        trajs = run_episodes(world, jobs, policy, tok, cfg)
+        took = time.perf_counter() - t0
+    finally:
+        policy.close()
+    return {"vllm_s": took, "vllm_episodes_per_s": len(jobs) / took, "vllm_start_s": start, "vllm_warmup_s": warmup,
+            "vllm_calls": sum(len(t.calls) for t in trajs),
+            "vllm_response_tokens": sum(len(c.response_tokens) for t in trajs for c in t.calls), "vllm_dtype": dtype}

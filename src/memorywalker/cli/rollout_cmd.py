@@ -2,6 +2,7 @@
 
     memorywalker rollout --env websearch --suite chain --harness claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
     memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --harness opencode --n 8 -o corpus.jsonl
+    memorywalker rollout --env vault --suite recall-2 --policy vllm:MODEL_DIR --n 16 --samples 4 -o vault.jsonl
 
 Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
 it stopped, without duplicating or losing episodes. Resuming checks that the file's episodes were run
@@ -14,19 +15,23 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS  # the harness and environment registries
+from memorywalker.rollout.backends import SPECS
+
+_SUITES = "; ".join(f"{name}: {' | '.join(env.suites)}" for name, env in ENVIRONMENTS.items())
 
 def register(app: typer.Typer) -> None:
     app.command("rollout")(rollout_cmd)
 
 
 def rollout_cmd(
-    env: str = typer.Option("websearch", "--env", help="environment: websearch | vault | corpus"),
-    suite: str = typer.Option(None, "--suite", help="websearch: lookup | bridge | chain | comparison | aggregation | navigation | constraint; vault: recall-2 | recall-3 | recall-4; corpus: all (the default of an env with one suite)"),
+    env: str = typer.Option("websearch", "--env", help="environment: " + " | ".join(ENVIRONMENTS)),
+    suite: str = typer.Option(None, "--suite", help=_SUITES + " (default: the suite of an env with one)"),
     corpus: Path = typer.Option(None, "--corpus", help="corpus env: documents JSONL or Parquet (default: the shipped tiny corpus)"),
     queries: Path = typer.Option(None, "--queries", help="corpus env: queries JSONL or Parquet (with --corpus)"),
     index_cache: Path = typer.Option(None, "--index-cache", help="corpus env: save the BM25 index here once, reuse it after"),
-    harness: str = typer.Option("none", "--harness", help="none | claude-code | opencode | agentfold | memex | tc-rag | qwen-agent"),
-    policy: str = typer.Option("expert", "--policy", help="expert | hf:MODEL_DIR | openai:URL"),
+    harness: str = typer.Option("none", "--harness", help=" | ".join(COMPRESSORS)),
+    policy: str = typer.Option("expert", "--policy", help=SPECS),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
     seed: int = typer.Option(0, "--seed", help="run seed (episode seeds derive from it)"),
     output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL (appended to; resumable)"),
@@ -42,7 +47,12 @@ def rollout_cmd(
     temperature: float = typer.Option(1.0, "--temperature", help="hf/openai sampling temperature"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="hf/openai response length limit"),
     top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
-    dtype: str = typer.Option("float32", "--dtype", help="hf: the sampler's parameter dtype: float32 | bfloat16"),
+    dtype: str = typer.Option("float32", "--dtype", help="hf/vllm: the sampler's parameter dtype: float32 | bfloat16"),
+    batch: int = typer.Option(0, "--batch", min=0,
+                              help="episodes run in lockstep, their calls batched (0 = vllm: 64, others: 1)"),
+    max_model_len: int = typer.Option(None, "--max-model-len", min=2,
+                                      help="vllm: the engine's window (default: --max-context + --max-new-tokens)"),
+    kv_cache_gib: float = typer.Option(1.0, "--kv-cache-gib", min=0.01, help="vllm: KV cache size in GiB"),
     model: str = typer.Option("default", "--model", help="openai: model name sent to the server"),
     request_timeout: float = typer.Option(120.0, "--request-timeout", min=0.001,
                                           help="openai: seconds one request may take in all (connecting, headers, the whole "
@@ -61,7 +71,7 @@ def rollout_cmd(
     from rich.table import Table
     from transformers import AutoTokenizer
 
-    from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
+    from memorywalker.rollout import HarnessConfig, make_policy, rollout
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
@@ -81,20 +91,28 @@ def rollout_cmd(
     environment = ENVIRONMENTS[env](world_seed=world_seed, **env_files)
     kind, _, arg = policy.partition(":")
     kwargs = {}
-    if kind in ("hf", "openai"):
+    if kind in ("hf", "openai", "vllm"):
         kwargs = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k)
-        if kind == "hf":
+        if kind in ("hf", "vllm"):
             if dtype not in ("float32", "bfloat16"):
                 raise typer.BadParameter(f"unknown dtype {dtype!r}; valid: float32, bfloat16", param_hint="--dtype")
             kwargs["dtype"] = dtype
         if kind == "openai":
             kwargs.update(model=model, timeout=request_timeout, retries=retries)
+        if kind == "vllm":
+            window = max_model_len or max_context + max_new_tokens
+            if max_context + max_new_tokens > window:  # the harness would send prompts the engine refuses
+                raise typer.BadParameter(f"--max-context {max_context} + --max-new-tokens {max_new_tokens} exceeds "
+                                         f"--max-model-len {window}: a call could not fit the engine's window",
+                                         param_hint="--max-model-len")
+            kwargs.update(max_model_len=window, kv_cache_gib=kv_cache_gib)
+    batch = batch or (64 if kind == "vllm" else 1)
     try:
         pol = make_policy(policy, env=environment, **kwargs)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if tokenizer is None:
-        if kind == "hf":
+        if kind in ("hf", "vllm"):
             tokenizer = Path(arg)
         elif kind == "openai":
             raise typer.BadParameter("--policy openai:URL needs --tokenizer DIR (the served model's tokenizer)")
@@ -116,9 +134,13 @@ def rollout_cmd(
         environment = FaultInjector(environment, faults)
     try:
         _, summary = rollout(environment, pol, tok, config, suite=suite, n=n, seed=seed, split=split,
-                             samples=samples, out=output, progress=progress, override_config=override_config)
+                             samples=samples, out=output, progress=progress, override_config=override_config,
+                             batch=batch)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    finally:
+        if hasattr(pol, "close"):
+            pol.close()  # a vllm engine's processes
 
     table = Table(title=f"memorywalker rollout {env}/{suite} · {harness} · {policy}")
     table.add_column("what")

@@ -19,6 +19,12 @@ class EngineConfig:
     clip_low: float = 0.2  # PPO ε for ratios below 1
     clip_high: float = 0.2  # PPO ε for ratios above 1 (DAPO's clip-higher uses 0.28)
     tis_cap: float | None = None  # truncated importance sampling cap C (e.g. 2.0); None = off
+    # Rollout correction (objectives/rollout_correction.py, verl's names), ρ = π_old / π_rollout at a level
+    # of rollout_correction.LEVELS (token | call | sequence | geometric); needs the old logprobs.
+    rollout_is: str | None = None  # TIS: the loss is weighted by min(ρ, rollout_is_threshold); None = off
+    rollout_is_threshold: float = 2.0
+    rollout_rs: str | None = None  # MIS: weight 0 where ρ leaves [lo, hi] = rollout_rs_threshold; None = off
+    rollout_rs_threshold: tuple[float, float] = (0.5, 2.0)
     grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
     sdcc_lambda: float = 1.0  # weight λ of the KL term
     sdcc_students: str = "junctions"  # junctions | all (one student per selected call)

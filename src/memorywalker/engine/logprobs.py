@@ -32,7 +32,7 @@ from memorywalker.engine.config import Denominators, EngineConfig
 from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.engine.head import OutputHead, chunked_forward_kl
 from memorywalker.engine.methods import get_method
-from memorywalker.engine.objective import Columns, Objective, get_objective
+from memorywalker.engine.objective import Columns, Objective, apply_rollout_correction, get_objective
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
 from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
@@ -210,9 +210,9 @@ def loss(model, batch: Batch, cfg: EngineConfig | None = None, *, advantages=Non
     coef, d_local, k_local = denominators_of(batch, lp.layout, cfg, weight)
     den = denominators or Denominators(reduce_denominator([d_local]), reduce_denominator([k_local]))
     cols = columns(batch, objective, cfg, device, advantages=advantages, old_logprobs=old_logprobs)
+    stats, _ = apply_rollout_correction(cols, batch, cfg, required=True)
     rows = torch.from_numpy(np.flatnonzero(~lp.layout.lost)).to(device)
     total = torch.zeros((), device=device)
-    stats: dict[str, torch.Tensor] = {}
     if len(rows):
         per_target, st = objective.per_target(lp.values[rows], cols.take(rows), cfg)
         total = aggregate(per_target, coef.to(device)[rows], den.loss.to(device), cfg.dp_size)

@@ -18,6 +18,7 @@ from memorywalker.objectives.losses import (
     ppo_clip,
     weighted_logprob,
 )
+from memorywalker.objectives.rollout_correction import rollout_corr_metrics, rollout_correction_weight
 
 
 @dataclass
@@ -27,10 +28,39 @@ class Columns:
     advantage: torch.Tensor
     rollout_logprob: torch.Tensor
     old_logprob: torch.Tensor | None
+    correction: torch.Tensor | None = None  # rollout correction weight (TIS x MIS), detached
 
     def take(self, idx: torch.Tensor) -> Columns:
         return Columns(self.advantage[idx], self.rollout_logprob[idx],
-                       None if self.old_logprob is None else self.old_logprob[idx])
+                       None if self.old_logprob is None else self.old_logprob[idx],
+                       None if self.correction is None else self.correction[idx])
+
+
+def apply_rollout_correction(cols: Columns, batch: Batch, cfg: EngineConfig, *, required: bool
+                             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Set ``cols.correction`` from ``cfg.rollout_is`` / ``cfg.rollout_rs`` (ρ = π_old / π_rollout, the
+    trainer's recomputation of the collecting policy against the recorded rollout logprobs) and return its
+    per-target stats [N] and the ``rollout_corr/*`` metrics; nothing where no correction is configured.
+    Without old logprobs: an error when ``required`` (a training pass), else nothing (the pass computing
+    π_old, or an evaluation)."""
+    if cfg.rollout_is is None and cfg.rollout_rs is None:
+        return {}, {}
+    if cfg.tis_cap is not None and cfg.rollout_is is not None:
+        raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+    if cols.old_logprob is None:
+        if required:
+            raise ValueError("rollout_is / rollout_rs need old logprobs (batch.old_logprob or old_logprobs=): "
+                             "the trainer's logprobs of the collecting policy (the RL recipe recomputes them "
+                             "once per step)")
+        return {}, {}
+    tg = batch.targets
+    device = cols.old_logprob.device
+    call, seq = torch.from_numpy(tg.call).to(device), torch.from_numpy(tg.trajectory).to(device)
+    cols.correction, stats = rollout_correction_weight(
+        cols.old_logprob, cols.rollout_logprob, call, seq, rollout_is=cfg.rollout_is,
+        rollout_is_threshold=cfg.rollout_is_threshold, rollout_rs=cfg.rollout_rs,
+        rollout_rs_threshold=tuple(cfg.rollout_rs_threshold))
+    return stats, rollout_corr_metrics(cols.old_logprob, cols.rollout_logprob, seq, threshold=cfg.rollout_is_threshold)
 
 
 def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
@@ -39,8 +69,11 @@ def _nll(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
 
 def _ppo(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):
     old = behaviour_logprob(logprob, cols.old_logprob, cols.rollout_logprob)
-    return ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                    rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
+    loss, stats = ppo_clip(logprob, old, cols.advantage, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                           rollout_logprob=cols.rollout_logprob, tis_cap=cfg.tis_cap)
+    if cols.correction is not None:
+        loss = loss * cols.correction  # ℓ_i · w_i, w = min(ρ, C) · 1[lo ≤ ρ ≤ hi] (rollout correction)
+    return loss, stats
 
 
 def _weighted(logprob: torch.Tensor, cols: Columns, cfg: EngineConfig):

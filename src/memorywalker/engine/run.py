@@ -22,7 +22,7 @@ from memorywalker.engine.logprobs import (
     weights_of,
 )
 from memorywalker.engine.methods import get_method
-from memorywalker.engine.objective import get_objective
+from memorywalker.engine.objective import apply_rollout_correction, get_objective
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
 from memorywalker.objectives.metrics import gap_metrics
@@ -80,6 +80,8 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     coef = coef.to(device)
     den = denominators.loss.to(device)
     cols = columns(batch, objective, cfg, device, advantages=advantages, old_logprobs=old_logprobs)
+    # without backward this may be the pass that computes π_old (or an evaluation): no correction needed
+    correction_stats, correction_metrics = apply_rollout_correction(cols, batch, cfg, required=backward)
 
     if backward and objective.scaled_by_advantage and not method.kl and not cols.advantage.any():
         # No target has an advantage (every GRPO group of the batch had equal rewards): the gradient is
@@ -87,7 +89,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
         # optimizer_step treats a missing gradient as zeros; no collective happens inside the engine.
         backward = False
     logprobs = torch.full((n,), float("nan"), device=device)
-    stats: dict[str, torch.Tensor] = {}
+    stats: dict[str, torch.Tensor] = dict(correction_stats)
     total = torch.zeros((), device=device)
     pending = torch.zeros((), device=device)  # graph of a one-backward method
     kl_rows = torch.zeros(len(layout.kl_call), device=device)
@@ -129,6 +131,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
             total = pending.detach()
 
     metrics = _metrics(batch, layout, passes, logprobs, stats, eps_kl)
+    metrics.update(correction_metrics)
     metrics["loss"] = total
     return EngineResult(total, logprobs, torch.from_numpy(weight), metrics, layout, eps_kl)
 

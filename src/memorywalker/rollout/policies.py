@@ -6,6 +6,8 @@
   the distribution sampled from, softmax(logits / T); greedy: untempered) and their top-k. The KV cache is
   reused while the context only grows: each call keeps the cached prefix it shares with the new prompt
   and recomputes the rest, so after an eviction everything past the shared system/task prefix is rebuilt.
+* ``vllm:DIR`` — a vLLM engine in this process (:mod:`memorywalker.rollout.vllm_policy`): token-id
+  prompts, many episodes' calls in one ``generate``, and the RL recipe's weight sync.
 * ``openai:URL`` — an OpenAI-compatible completions endpoint (vLLM, SGLang). The harness sends the
   rendered prompt as token ids and asks for token ids and logprobs back; see docs/rollouts.md for the
   server flags.
@@ -365,22 +367,3 @@ def parse_completion(data: dict[str, Any]) -> PolicyOutput:
                         logprobs=[float(x) for x in logprobs] if logprobs is not None else None,
                         top_logprobs=tops, finish_reason="length" if finish == "length" else "stop",
                         meta={"server_finish_reason": finish})
-
-
-# --- lookup --------------------------------------------------------------------------------------------
-
-def make_policy(spec: str, *, env=None, **kwargs: Any) -> Policy:
-    """``expert`` | ``hf:DIR`` | ``openai:URL`` → a policy. Extra keyword arguments go to its constructor.
-
-    ``expert`` is the scripted expert of ``env`` (its ``expert()``), the web-search expert by default.
-    """
-    from memorywalker.rollout.expert import ExpertPolicy
-
-    kind, _, arg = spec.partition(":")
-    if kind == "expert" and not arg:
-        return env.expert() if env is not None and hasattr(env, "expert") else ExpertPolicy()
-    if kind == "hf" and arg:
-        return HFPolicy(arg, **kwargs)
-    if kind == "openai" and arg:
-        return OpenAIPolicy(arg, **kwargs)
-    raise ValueError(f"unknown policy {spec!r}; valid: expert, hf:DIR, openai:URL")

@@ -99,10 +99,21 @@ class RolloutSummary:
 
 
 def iter_rollouts(env: Environment, episodes: list[PlannedEpisode], policy: Policy, tokenizer,
-                  config: HarnessConfig, *, run_seed: int) -> Iterator[Trajectory]:
-    for e in episodes:
-        yield run_episode(env, e.task, policy, tokenizer, config, seed=e.seed, episode_id=e.id,
-                          meta={"run_seed": run_seed, "sample": e.sample})
+                  config: HarnessConfig, *, run_seed: int, batch: int = 1) -> Iterator[Trajectory]:
+    """The episodes' trajectories in plan order. With ``batch > 1`` (a policy with ``generate_batch``)
+    ``batch`` episodes at a time run in lockstep (:func:`~memorywalker.rollout.lockstep.run_episodes`),
+    their calls batched; a failure in a group raises after the group ends, and none of it is yielded."""
+    if batch <= 1 or not hasattr(policy, "generate_batch"):
+        for e in episodes:
+            yield run_episode(env, e.task, policy, tokenizer, config, seed=e.seed, episode_id=e.id,
+                              meta={"run_seed": run_seed, "sample": e.sample})
+        return
+    from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
+
+    for i in range(0, len(episodes), batch):
+        jobs = [EpisodeJob(e.task, e.seed, e.id, {"run_seed": run_seed, "sample": e.sample})
+                for e in episodes[i:i + batch]]
+        yield from run_episodes(env, jobs, policy, tokenizer, config)
 
 
 def recorded_setup(path: str | os.PathLike) -> dict | None:
@@ -134,8 +145,12 @@ def setup_changes(recorded: dict, current: dict, prefix: str = "") -> list[str]:
 
 def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, *, suite: str, n: int,
             seed: int = 0, split: str | None = None, samples: int = 1, out: str | os.PathLike | None = None,
-            progress: bool = False, override_config: bool = False) -> tuple[list[Trajectory] | None, RolloutSummary]:
+            progress: bool = False, override_config: bool = False, batch: int = 1
+            ) -> tuple[list[Trajectory] | None, RolloutSummary]:
     """Roll out ``n`` tasks of ``suite`` x ``samples``; write them to ``out`` (resuming) or return them.
+
+    ``batch > 1`` runs that many episodes at a time in lockstep (a policy with ``generate_batch``: hf,
+    vllm); each episode is still written whole, in plan order, once its group has finished.
 
     Resuming into ``out`` requires its episodes to have been run with the same environment, harness and
     policy configuration (``override_config`` appends anyway). The file is created with its first
@@ -174,7 +189,7 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
     trajs: list[Trajectory] = []
     writer = None  # opened with the first finished episode: a failed run leaves no empty file
     try:
-        for traj in iter_rollouts(env, todo, policy, tokenizer, config, run_seed=seed):
+        for traj in iter_rollouts(env, todo, policy, tokenizer, config, run_seed=seed, batch=batch):
             summary.add(traj)
             if out is not None:
                 writer = writer or TrajectoryWriter(out, mode="a")

@@ -90,3 +90,27 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, *, trainable: 
                          f"{manifest['base_model_hash'][:12]}…), this model's weights hash to {have[:12]}…: "
                          "load it onto the same base")
     return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The weights ``model`` computes with, in the base checkpoint's names: a LoRA layer's weight is
+    ``W + ΔW`` (PEFT's ``get_delta_weight``: scale · B·A) under the name of the base layer's weight, and
+    the adapter's own tensors are dropped. What a server that loads the base architecture (vLLM) takes;
+    ``model`` itself is not modified (no merge/unmerge round trip through its parameters). A model
+    without an adapter gives its plain state dict."""
+    base = engine_model(model)
+    if not is_adapted(model):
+        return {k: v.detach() for k, v in base.state_dict().items()}
+    out: dict[str, torch.Tensor] = {}
+    for name, t in base.state_dict().items():
+        if ".lora_" not in name:
+            out[name.replace(".base_layer.", ".")] = t.detach()
+    for name, module in base.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+            weight = module.base_layer.weight
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    weight = weight + module.get_delta_weight(adapter)  # W + (α/r)·B·A
+            out[f"{name}.weight"] = weight.detach()
+    return out

@@ -23,11 +23,20 @@ T = TypeVar("T")
 
 # Engine metrics that add up over micro-batches and ranks.
 SUMMED = ("loss", "forwards", "backwards", "tokens", "processed_tokens", "buffers", "targets", "lost_targets",
-          "students", "unmatched_calls", "trained_targets", "compared_targets", "compared_calls")
+          "students", "unmatched_calls", "trained_targets", "compared_targets", "compared_calls",
+          "rollout_corr/targets", "rollout_corr/sequences")
 # Means and the count each is over: a step's value is the count-weighted mean of its micro-batches'.
 WEIGHTED = {"logprob_abs_diff": "compared_targets", "k3_kl": "compared_targets", "chi2_token": "compared_targets",
             "log_ppl_abs_diff": "compared_calls", "eps_kl_mean": "students", "mean_ratio": "trained_targets",
-            "mean_clipped": "trained_targets", "mean_tis_weight": "trained_targets"}
+            "mean_clipped": "trained_targets", "mean_tis_weight": "trained_targets",
+            "mean_rollout_is": "trained_targets", "mean_rollout_rs_masked": "trained_targets",
+            # rollout correction (objectives/rollout_correction.py): token means, then sequence means; the
+            # effective sample size is not a mean, so its step value is the micro-batches' weighted average
+            **{f"rollout_corr/{k}": "rollout_corr/targets" for k in (
+                "kl", "k3_kl", "chi2_token", "rollout_is_mean", "rollout_is_ratio_fraction_high",
+                "rollout_is_ratio_fraction_low", "rollout_is_eff_sample_size")},
+            **{f"rollout_corr/{k}": "rollout_corr/sequences" for k in (
+                "chi2_seq", "training_ppl", "rollout_ppl", "log_ppl_abs_diff")}}
 # Functions of a reduced mean or max, recomputed from it: Pinsker's bound sqrt(eps_kl / 2).
 DERIVED = {"tv_bound": ("eps_kl_mean", lambda x: math.sqrt(x / 2)),
            "tv_bound_max": ("eps_kl_max", lambda x: math.sqrt(x / 2))}
@@ -99,7 +108,7 @@ def reduce_step_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Combine the engine metrics of this rank's micro-batches with every other rank's, so that the
     result is what one engine call on the whole step would report, however the step is split.
 
-    ``SUMMED`` keys add up; ``*_max`` keys take the max; a ``WEIGHTED`` mean is weighted by its count
+    ``SUMMED`` keys add up; ``*_max`` keys take the max, ``*_min`` the min; a ``WEIGHTED`` mean is weighted by its count
     (micro-batch means m_i over n_i items: Σ n_i m_i / Σ n_i); a ``DERIVED`` key is recomputed from its
     reduced source; any other key averages over the micro-batches that report a finite value. Syncs
     tensors to floats once, here.
@@ -121,6 +130,8 @@ def reduce_step_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
             out[key] = sum(vals)
         elif key.endswith("_max"):
             out[key] = max(vals) if vals else math.nan
+        elif key.endswith("_min"):
+            out[key] = min(vals) if vals else math.nan
         elif key in WEIGHTED and all(WEIGHTED[key] in r for r in every if key in r):
             pairs = [(r[WEIGHTED[key]], r[key]) for r in every if key in r and r[WEIGHTED[key]] > 0]
             n = sum(w for w, _ in pairs)

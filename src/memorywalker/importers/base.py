@@ -245,6 +245,20 @@ def wrong_key_field(obj: Any, depth: int = 0) -> str | None:
     return None
 
 
+def role_message(result: ImportResult, path: Path, index: int, msg: Any, roles: tuple[str, ...], *,
+                 noun: str = "message", expected: str) -> bool:
+    """Count ``msg`` (item ``index`` of ``path``) as read, and as imported when it is an object whose
+    ``role`` is one of ``roles`` with scalar key fields; otherwise reject it: "``noun`` #i is not
+    ``expected``"."""
+    result.read += 1
+    if not isinstance(msg, dict) or wrong_key_field(msg) is not None or msg.get("role") not in roles:
+        result.reject(path, index, "bad_format" if isinstance(msg, dict) else "not_an_object",
+                      f"{noun} #{index} is not {expected}", detail=carried(msg))
+        return False
+    result.imported += 1
+    return True
+
+
 def as_text(x: Any) -> str:
     """A field that should be text: itself, "" for a missing one, else its JSON."""
     return x if isinstance(x, str) else "" if x is None else json.dumps(x, ensure_ascii=False, default=str)

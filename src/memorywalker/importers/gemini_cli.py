@@ -41,6 +41,7 @@ from memorywalker.importers.base import (
     carried,
     read_json,
     read_jsonl,
+    role_message,
     wrong_key_field,
 )
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
@@ -245,12 +246,8 @@ def _import_history(path: Path, data: Any, result: ImportResult) -> None:
     pending: list[dict] = []
     compressed = False
     for k, c in enumerate(contents):
-        result.read += 1
-        if not isinstance(c, dict) or wrong_key_field(c) is not None or c.get("role") not in ("user", "model"):
-            result.reject(path, k, "bad_format" if isinstance(c, dict) else "not_an_object",
-                          f"content #{k} is not {{role: user|model, parts}}", detail=carried(c))
+        if not role_message(result, path, k, c, ("user", "model"), noun="content", expected="{role: user|model, parts}"):
             continue
-        result.imported += 1
         parts = _parts(c.get("parts"))
         if c["role"] == "user":
             responses = [p["functionResponse"] for p in parts if isinstance(p.get("functionResponse"), dict)]

@@ -35,10 +35,9 @@ from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, impo
 from memorywalker.importers.base import (
     ImportOptions,
     ImportResult,
-    carried,
     loads_deep_limited,
     read_json,
-    wrong_key_field,
+    role_message,
 )
 from memorywalker.records import Lineage, RecordError, Task, TrajectoryBuilder
 
@@ -123,12 +122,8 @@ def import_task(folder: Path, result: ImportResult, history_file: Path | None = 
     prev: tuple[list[str], set, set] | None = None
     last_ts = None
     for i, msg in enumerate(history):
-        result.read += 1
-        if not isinstance(msg, dict) or wrong_key_field(msg) is not None or msg.get("role") not in ("user", "assistant"):
-            result.reject(history_file, i, "bad_format" if isinstance(msg, dict) else "not_an_object",
-                          f"message #{i} is not a user/assistant message", detail=carried(msg))
+        if not role_message(result, history_file, i, msg, ("user", "assistant"), expected="a user/assistant message"):
             continue
-        result.imported += 1
         if msg["role"] == "assistant" and good:
             t = _ts(msg.get("ts"))
             summaries = {str(m["condenseId"]) for _, m in good if m.get("isSummary") and m.get("condenseId")}

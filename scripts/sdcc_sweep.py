@@ -1,10 +1,14 @@
 """Why SDCC loses under summarization: its variants after SFT, against the exact method, over seeds.
 
-    python scripts/sdcc_sweep.py --seeds 0,1,2 --out runs/sdcc-sweep [--workers 2] [--quick]
+    python scripts/sdcc_sweep.py --seeds 0,1,2 --out runs/sdcc-sweep [--workers 2] [--quick] [--variants a,b]
+                                 [--prepared runs/demo-seeds]
 
 Per seed, the demo's stages 1-3 run once (kit, expert episodes, warm start: ``recipes/demo.py``
 ``prepare``); then every variant below is trained from that warm start with the demo's SFT and evaluated
-greedily on the demo's 64 held-out tasks under both harnesses (``MethodJob(rl=False)``). Variants:
+greedily on the demo's 64 held-out tasks under both harnesses (``MethodJob(rl=False)``). With
+``--prepared DIR`` (a ``memorywalker demo --seeds N --out DIR`` of the same sizes) each seed's stages 1-3
+are read from ``DIR/seed-S`` instead of run again: the same config and seed give the same warm start.
+Variants:
 
 * ``tree-mask`` — the exact method (the reference of every paired difference);
 * ``sdcc`` with λ ∈ {0, 1, 4, 16} (λ = 0: the full view's main loss and the summarization calls only);
@@ -45,7 +49,24 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-").replace("--", "-")
 
 
-def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[str]) -> dict:
+def prepared(src: Path, seed_out: Path, cfg) -> dict:
+    """Stages 1-3 of a demo run in ``src`` (kit, expert episodes, warm start), linked into ``seed_out``;
+    refused unless that run's config is ``cfg``."""
+    from dataclasses import asdict
+
+    doc = json.loads((src / "results.json").read_text())
+    differ = sorted(k for k, v in json.loads(json.dumps(asdict(cfg))).items() if doc["config"].get(k) != v)
+    if differ:
+        raise SystemExit(f"{src}: a demo run with other settings ({', '.join(differ)}): run it without --prepared")
+    seed_out.mkdir(parents=True, exist_ok=True)
+    for name in ("kit", "expert.jsonl"):
+        if not (seed_out / name).exists():
+            (seed_out / name).symlink_to((src / name).resolve())
+    return {"warm_dir": str((src / "warm" / "final").resolve()), "warm_loss": doc["warm_loss"]}
+
+
+def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[str], prepared_dir: Path | None = None
+        ) -> dict:
     from memorywalker.recipes.demo import FULL, QUICK, MethodJob, map_jobs, prepare
 
     base = QUICK if quick else FULL
@@ -55,7 +76,10 @@ def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[s
         cfg = replace(base, seed=seed)
         seed_out = out / f"seed-{seed}"
         t0 = time.perf_counter()
-        prep = prepare(cfg, seed_out, progress=False)
+        if prepared_dir is None:
+            prep = prepare(cfg, seed_out, progress=False)
+        else:
+            prep = prepared(prepared_dir / f"seed-{seed}", seed_out, cfg)
         jobs = [MethodJob(replace(cfg, **VARIANTS[v][1]), str(seed_out), VARIANTS[v][0], prep["warm_dir"], rl=False,
                           label=slug(v)) for v in variants]
         results = {}
@@ -108,6 +132,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="the demo's quick sizes (checks the script, not SDCC)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated labels of VARIANTS")
+    ap.add_argument("--prepared", type=Path, default=None, help="a demo --seeds output dir: reuse its stages 1-3")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +140,7 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or "tree-mask" not in variants:
         raise SystemExit(f"unknown variants {unknown} (tree-mask is required); valid: {list(VARIANTS)}")
-    doc = run([int(s) for s in args.seeds.split(",")], out, args.workers, args.quick, variants)
+    doc = run([int(s) for s in args.seeds.split(",")], out, args.workers, args.quick, variants, args.prepared)
     text = table(doc)
     (out / "sweep.md").write_text(text + "\n")
     print(text)

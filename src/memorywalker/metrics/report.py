@@ -189,12 +189,22 @@ def aggregate_seeds(docs: list[dict]) -> dict:
 
 
 def seeds_table(doc: dict) -> str:
-    """Mean ± sd over seeds of each method's held-out reward (Markdown)."""
+    """Each method's held-out reward per seed and its mean ± sd over seeds (Markdown), per harness.
+
+    >>> one = lambda seed, r: {"config": {"seed": seed, "harnesses": ["h"]},
+    ...                        "methods": {"m": {"sft": {"h": {"rewards": r}}, "rl": {"h": {"rewards": r}}}}}
+    >>> print(seeds_table(aggregate_seeds([one(0, [0.0, 1.0]), one(1, [1.0, 1.0])])).splitlines()[-1])
+    | `m` | 0.500 | 1.000 | 0.750 ± 0.354 | 0.500 | 1.000 | 0.750 ± 0.354 |
+    """
     out = []
     for h, rows in doc["reward"].items():
-        body = [[f"`{m}`", *(f"{r[s]['mean']:.3f} ± {r[s]['sd']:.3f}" for s in ("sft", "rl"))] for m, r in rows.items()]
-        out.append(f"Held-out reward under `{h}` over seeds {doc['seeds']} (mean ± sd of the per-seed means):\n\n"
-                   + _markdown(["method", "after SFT", "after RL"], body))
+        head = ["method", *(f"{stage}, seed {s}" for stage in ("SFT", "RL") for s in [*doc["seeds"], "mean ± sd"])]
+        head = [c.replace("seed mean ± sd", "mean ± sd") for c in head]
+        body = [[f"`{m}`", *(cell for stage in ("sft", "rl") for cell in
+                             [*(f"{x:.3f}" for x in r[stage]["per_seed"]), f"{r[stage]['mean']:.3f} ± {r[stage]['sd']:.3f}"])]
+                for m, r in rows.items()]
+        out.append(f"Held-out reward under `{h}` (mean over the held-out tasks per seed; mean ± sd over seeds {doc['seeds']}):\n\n"
+                   + _markdown(head, body))
     return "\n\n".join(out)
 
 

@@ -3,6 +3,7 @@ and (for the variants named by ``--rl``) after GRPO.
 
     python scripts/sdcc_sweep.py --seeds 0,1,2 --out runs/sdcc-sweep [--workers 2] [--quick] [--variants a,b]
                                  [--rl a,b] [--prepared runs/demo-seeds]
+    python scripts/sdcc_sweep.py --merge runs/sweep-a runs/sweep-b --out runs/sdcc-sweep
 
 Per seed, the demo's stages 1-3 run once (kit, expert episodes, warm start: ``recipes/demo.py``
 ``prepare``); then every variant below is trained from that warm start with the demo's SFT and evaluated
@@ -20,12 +21,13 @@ exactly (refused otherwise: the reuse would not be the same run).
 Variants:
 
 * ``tree-mask`` — the exact method (the reference of every paired difference);
-* ``sdcc`` with λ ∈ {0, 1, 4, 16} (λ = 0: the full view's main loss and the summarization calls only);
+* ``sdcc`` with λ ∈ {0, 0.1, 1, 4, 16} (λ = 0: the full view's main loss and the summarization calls only);
 * ``students=all`` — a student (KL row) for every selected call, not only the junctions;
 * ``full-view+summaries`` — the full view keeps the harness's summaries where they first appear;
 * ``compressed-main`` — a student's main loss on its own compressed S_t (what deployment shows), KL kept;
   with λ = 0 too; with ``students=all`` every call's main loss is on its own S_t (the exact methods'
-  main loss) and the KL to the full view is added on top.
+  main loss) and the KL to the full view is added on top; with λ = 0 as well that is the exact methods'
+  loss computed through SDCC's layout (a control: it should track tree-mask).
 
 Writes ``OUT/seed-S/...`` (every run and evaluated episode), ``OUT/sweep.json`` (per seed, variant and
 harness: the rewards per task, and the GRPO steps' metrics) and ``OUT/sweep.md`` (mean reward over tasks
@@ -46,6 +48,7 @@ import numpy as np
 VARIANTS: dict[str, tuple[str, dict]] = {  # label -> (method, DemoConfig fields)
     "tree-mask": ("tree-mask", {}),
     "sdcc λ=0": ("sdcc", {"sdcc_lambda": 0.0}),
+    "sdcc λ=0.1": ("sdcc", {"sdcc_lambda": 0.1}),
     "sdcc λ=1 (default)": ("sdcc", {}),
     "sdcc λ=4": ("sdcc", {"sdcc_lambda": 4.0}),
     "sdcc λ=16": ("sdcc", {"sdcc_lambda": 16.0}),
@@ -54,6 +57,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {  # label -> (method, DemoConfig fields
     "sdcc compressed-main": ("sdcc", {"sdcc_compressed_main": True}),
     "sdcc compressed-main λ=0": ("sdcc", {"sdcc_compressed_main": True, "sdcc_lambda": 0.0}),
     "sdcc compressed-main students=all": ("sdcc", {"sdcc_compressed_main": True, "sdcc_students": "all"}),
+    # its control: every call's main loss on its own S_t and no KL, the exact methods' loss
+    "sdcc compressed-main students=all λ=0": ("sdcc", {"sdcc_compressed_main": True, "sdcc_students": "all",
+                                                       "sdcc_lambda": 0.0}),
 }
 RL_STEP_KEYS = ("reward_mean", "groups_with_signal", "logprob_abs_diff", "eps_kl_mean")
 
@@ -196,6 +202,34 @@ def steps_table(doc: dict) -> str:
                          *("| " + " | ".join(r) + " |" for r in rows)]))
 
 
+def merge(docs: list[dict]) -> dict:
+    """Several sweeps of the same seeds as one (variants in ``VARIANTS`` order). A variant in more than
+    one of them must have the same per-task SFT rewards in each (the runs are deterministic: a difference
+    means they were not the same configuration); its entry with GRPO results is kept."""
+    seeds = [list(d["runs"]) for d in docs]
+    if any(s != seeds[0] for s in seeds) or len({d["config"]["quick"] for d in docs}) != 1:
+        raise SystemExit(f"sweeps of different seeds or sizes: {seeds}")
+    names = {v for d in docs for v in d["config"]["variants"]}
+    doc = {"config": {"seeds": [int(s) for s in seeds[0]], "quick": docs[0]["config"]["quick"],
+                      "variants": {v: VARIANTS[v] for v in VARIANTS if v in names},
+                      "rl": [v for v in VARIANTS if any(v in d["config"]["rl"] for d in docs)],
+                      "merged": len(docs)}, "runs": {}}
+    for s in seeds[0]:
+        results: dict = {}
+        for d in docs:
+            for v, entry in d["runs"][s]["results"].items():
+                if v in results and results[v]["sft"]["rewards"] != entry["sft"]["rewards"]:
+                    raise SystemExit(f"seed {s} {v}: the sweeps' SFT rewards differ: not the same configuration")
+                if v not in results or ("rl" in entry and "rl" not in results[v]):
+                    results[v] = entry
+        doc["runs"][s] = {"results": results, "warm_loss": docs[0]["runs"][s]["warm_loss"]}
+    return doc
+
+
+def tables(doc: dict) -> str:
+    return "\n\n".join(t for t in (table(doc, "sft"), table(doc, "rl"), steps_table(doc)) if t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
@@ -205,9 +239,17 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated labels of VARIANTS")
     ap.add_argument("--rl", default="", help="comma-separated labels of variants that go on to GRPO")
     ap.add_argument("--prepared", type=Path, default=None, help="a demo --seeds output dir: reuse its stages 1-3")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
+                    help="train nothing: merge these sweeps' sweep.json into OUT's sweep.json and sweep.md")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        doc = merge([json.loads((d / "sweep.json").read_text()) for d in args.merge])
+        (out / "sweep.json").write_text(json.dumps(doc, indent=1))
+        (out / "sweep.md").write_text(tables(doc) + "\n")
+        print(tables(doc))
+        return
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     rl_variants = [v.strip() for v in args.rl.split(",") if v.strip()]
     unknown = [v for v in variants + rl_variants if v not in VARIANTS]
@@ -218,7 +260,7 @@ def main() -> None:
         rl_variants.insert(0, "tree-mask")  # the reference of the paired differences after GRPO
     doc = run([int(s) for s in args.seeds.split(",")], out, args.workers, args.quick, variants, rl_variants,
               args.prepared)
-    text = "\n\n".join(t for t in (table(doc, "sft"), table(doc, "rl"), steps_table(doc)) if t)
+    text = tables(doc)
     (out / "sweep.md").write_text(text + "\n")
     print(text)
 

@@ -97,3 +97,25 @@ def test_reused_grpo_refused_when_sft_differs(sweep, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="did not reproduce the demo's per-task rewards"):
         sweep.run([0], tmp_path / "out", 1, False, ["tree-mask"], ["tree-mask"], prep_dir)
     assert [j.rl for j in calls] == [False]  # reused: only its SFT ran
+
+
+def test_merge_keeps_each_variant_once_and_refuses_different_runs(sweep):
+    """Two sweeps of seeds 0 and 1: the second adds `sdcc λ=4` and repeats tree-mask (without GRPO);
+    the merge lists the variants in VARIANTS order, keeps tree-mask's entry that has GRPO, and refuses a
+    tree-mask whose SFT rewards differ (the runs are deterministic: not the same configuration)."""
+    a = _doc()
+    b = json.loads(json.dumps(a))
+    b["config"] = {"variants": {"sdcc λ=4": ["sdcc", {}], "tree-mask": ["tree-mask", {}]}, "rl": []}
+    for s in ("0", "1"):
+        same = a["runs"][s]["results"]["tree-mask"]["sft"]["rewards"]["claude-code"]
+        b["runs"][s]["results"] = {"tree-mask": _entry(same), "sdcc λ=4": _entry([0, 1])}
+        a["runs"][s]["warm_loss"] = b["runs"][s]["warm_loss"] = 0.1
+    for x in (a, b):
+        x["config"]["quick"] = False
+    merged = sweep.merge([b, a])
+    assert list(merged["config"]["variants"]) == ["tree-mask", "sdcc λ=0", "sdcc λ=4"]
+    assert merged["config"]["rl"] == ["tree-mask"] and "rl" in merged["runs"]["0"]["results"]["tree-mask"]
+    assert "0.750 ± 0.354" in sweep.table(merged, "rl")
+    b["runs"]["1"]["results"]["tree-mask"]["sft"]["rewards"]["claude-code"] = [0, 1]
+    with pytest.raises(SystemExit, match="seed 1 tree-mask: the sweeps' SFT rewards differ"):
+        sweep.merge([a, b])

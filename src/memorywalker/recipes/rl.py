@@ -168,6 +168,12 @@ class RLConfig(TrainConfig):
             raise ValueError(f"rollout_rs_threshold={list(v)}: needs 0 < lo <= hi")
         return v
 
+    @property
+    def corrects_rollouts(self) -> bool:
+        """A rollout correction is on (``tis_cap``, ``rollout_is`` or ``rollout_rs``): the step recomputes
+        π_old and weights the loss by π_old / π_rollout."""
+        return self.tis_cap is not None or self.rollout_is is not None or self.rollout_rs is not None
+
     @model_validator(mode="after")
     def _one_tis(self):
         if self.tis_cap is not None and self.rollout_is is not None:
@@ -292,7 +298,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         # 3. update: ppo_epochs optimizer steps. With tis_cap or a rollout correction, ratios are against the
         # collecting policy as the trainer computes it (old logprobs, recomputed once here) and the loss is
         # weighted by the correction of π_old/π_rollout; without, the ratio is against the rollout logprobs.
-        if cfg.tis_cap is not None or cfg.rollout_is is not None or cfg.rollout_rs is not None:
+        if cfg.corrects_rollouts:
             dens = step_denominators(micro, engine)
             with gathered(model):
                 for mb in micro:  # [N] per mb.targets row; NaN where the method lost a target (rollout used)

@@ -93,7 +93,7 @@ class DemoConfig:
     rl_lr: float = 2e-4
     # --- SDCC (engine/config.py): the KL weight, which calls get a student, where students' main loss is
     # taken, and whether the full view keeps the harness's summaries (docs/sdcc.md measures each)
-    sdcc_lambda: float = 1.0
+    sdcc_lambda: float = 1.0  # both stages: SDCC as defined (the rl recipe's own default is 0.1; docs/sdcc.md)
     sdcc_students: str = "junctions"
     sdcc_compressed_main: bool = False
     sdcc_full_view_artifacts: bool = False

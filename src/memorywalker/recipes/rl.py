@@ -87,6 +87,9 @@ from memorywalker.train.step import (
 class RLConfig(TrainConfig):
     """``memorywalker rl`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
 
+    # sdcc: λ of KL(teacher ‖ student) under GRPO. The engine's λ = 1 (SFT's default) collapsed GRPO in
+    # every demo seed that learned, its main loss made exact or not; 0.1 held (docs/sdcc.md, sections 4-5)
+    sdcc_lambda: float = 0.1
     # --- rollouts
     env: str = "websearch"  # environment (memorywalker.rollout.ENVIRONMENTS)
     world_seed: int = 0  # seed of the generated world

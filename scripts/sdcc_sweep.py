@@ -141,6 +141,7 @@ def table(doc: dict, stage: str = "sft") -> str:
     """Per harness: each variant's mean reward over tasks [bootstrap 95 % interval] per seed, the mean ±
     sd of those means over seeds, and its paired difference against tree-mask, the tasks of every seed
     pooled. ``stage``: "sft" or "rl" (the variants that have it; tree-mask must be one of them)."""
+    from memorywalker.metrics.report import markdown_table, mean_sd
     from memorywalker.metrics.stats import paired_bootstrap
 
     seeds = list(doc["runs"])
@@ -160,24 +161,24 @@ def table(doc: dict, stage: str = "sft") -> str:
             for x in per_seed:
                 m, lo, hi = paired_bootstrap(x)
                 cells.append(f"{m:.3f} [{lo:.3f}, {hi:.3f}]")
-            means = [float(np.mean(x)) for x in per_seed]
-            sd = float(np.std(means, ddof=1)) if len(means) > 1 else float("nan")
+            mean, sd = mean_sd([np.mean(x) for x in per_seed])
             diff = "—"
             if v != "tree-mask":
                 d = np.concatenate([np.subtract(x, ref["rewards"][h]) for x, ref in zip(per_seed, results["tree-mask"],
                                                                                          strict=True)])
                 m, lo, hi = paired_bootstrap(d)
                 diff = f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-            rows.append([f"`{v}`", *cells, f"{np.mean(means):.3f} ± {sd:.3f}", diff])
+            rows.append([f"`{v}`", *cells, f"{mean:.3f} ± {sd:.3f}", diff])
         tasks = len(results["tree-mask"][0]["rewards"][h])
         out.append(f"Held-out reward after {after} under `{h}` ({tasks} tasks per seed, mean [bootstrap 95 % interval]):"
-                   "\n\n" + "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                                       *("| " + " | ".join(r) + " |" for r in rows)]))
+                   "\n\n" + markdown_table(head, rows))
     return "\n\n".join(out)
 
 
 def steps_table(doc: dict) -> str:
     """The GRPO variants' training rollouts: each step's metric, mean over seeds, first and last steps."""
+    from memorywalker.metrics.report import markdown_table
+
     seeds = list(doc["runs"])
     rows = []
     for v in doc["config"]["variants"]:
@@ -197,9 +198,7 @@ def steps_table(doc: dict) -> str:
         return ""
     head = ["variant", "rollout reward", "groups with reward variance", "train/rollout gap (nats/token)",
             "eps_kl (junction mean)"]
-    return ("GRPO's own rollouts (first step → last step, each the mean over seeds):\n\n"
-            + "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                         *("| " + " | ".join(r) + " |" for r in rows)]))
+    return "GRPO's own rollouts (first step → last step, each the mean over seeds):\n\n" + markdown_table(head, rows)
 
 
 def merge(docs: list[dict]) -> dict:

@@ -54,9 +54,26 @@ def _ci(t) -> str:
     return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if low < 0 or mean < 0 else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _markdown(head: list[str], rows: list[list[str]]) -> str:
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table of string cells.
+
+    >>> print(markdown_table(["a", "b"], [["1", "2"]]))
+    | a | b |
+    |---|---|
+    | 1 | 2 |
+    """
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
                       *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """Mean and sample sd (ddof 1; NaN for one value) of per-seed numbers.
+
+    >>> mean_sd([0.5, 1.0])[0], round(mean_sd([0.5, 1.0])[1], 4)
+    (0.75, 0.3536)
+    """
+    x = np.asarray(values, dtype=np.float64)
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan")
 
 
 def results_table(doc: dict) -> str:
@@ -69,20 +86,20 @@ def results_table(doc: dict) -> str:
                  _ci(r["sft_vs_" + REFERENCE]) if "sft_vs_" + REFERENCE in r else "—",
                  _ci(r["rl_vs_" + REFERENCE]) if "rl_vs_" + REFERENCE in r else "—"] for m, r in rows.items()]
         out.append(f"Held-out reward under `{h}` ({len(doc['tasks'])} tasks, mean [bootstrap 95 % interval]):\n\n"
-                   + _markdown(head, body))
+                   + markdown_table(head, body))
     head = ["method", *(f"{h}: {k}" for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
     body = [[f"`{m}`", *(str(r["rl"][h][k]) if k == "targets" else _fmt(r["rl"][h]["gap" if k == "gap" else f"gap_{k}"])
                          for h in doc["config"]["harnesses"] for k in ("gap", "heavy", "floor", "targets"))]
             for m, r in doc["methods"].items()]
     out.append("Train/rollout gap (mean |logp_train − logp_rollout| per target) of each RL model on its own held-out "
-               "episodes; heavy = 2+ branches before the call, floor = none:\n\n" + _markdown(head, body))
+               "episodes; heavy = 2+ branches before the call, floor = none:\n\n" + markdown_table(head, body))
     if "sdcc" in doc["methods"]:
         s = doc["methods"]["sdcc"]["rl_steps"]
         dfs = doc["methods"].get("dfs", {}).get("rl_steps", {}).get("logprob_abs_diff")
         head = ["RL step", "sdcc eps_kl", "sqrt(eps_kl/2)", "sdcc gap", *(["dfs gap"] if dfs else [])]
         body = [[str(i + 1), _fmt(e), _fmt(math.sqrt(e / 2) if e == e else None), _fmt(g), *([_fmt(dfs[i])] if dfs else [])]
                 for i, (e, g) in enumerate(zip(s["eps_kl_mean"], s["logprob_abs_diff"], strict=True))]
-        out.append("SDCC during RL (on each step's rollouts):\n\n" + _markdown(head, body))
+        out.append("SDCC during RL (on each step's rollouts):\n\n" + markdown_table(head, body))
     return "\n\n".join(out)
 
 
@@ -183,8 +200,8 @@ def aggregate_seeds(docs: list[dict]) -> dict:
             agg[h][m] = {}
             for stage in ("sft", "rl"):
                 means = [float(np.mean(d["methods"][m][stage][h]["rewards"])) for d in docs]
-                sd = float(np.std(means, ddof=1)) if len(means) > 1 else float("nan")
-                agg[h][m][stage] = {"mean": float(np.mean(means)), "sd": sd, "per_seed": means}
+                mean, sd = mean_sd(means)
+                agg[h][m][stage] = {"mean": mean, "sd": sd, "per_seed": means}
     return {"seeds": [d["config"]["seed"] for d in docs], "reward": agg}
 
 
@@ -198,13 +215,15 @@ def seeds_table(doc: dict) -> str:
     """
     out = []
     for h, rows in doc["reward"].items():
-        head = ["method", *(f"{stage}, seed {s}" for stage in ("SFT", "RL") for s in [*doc["seeds"], "mean ± sd"])]
-        head = [c.replace("seed mean ± sd", "mean ± sd") for c in head]
-        body = [[f"`{m}`", *(cell for stage in ("sft", "rl") for cell in
-                             [*(f"{x:.3f}" for x in r[stage]["per_seed"]), f"{r[stage]['mean']:.3f} ± {r[stage]['sd']:.3f}"])]
-                for m, r in rows.items()]
-        out.append(f"Held-out reward under `{h}` (mean over the held-out tasks per seed; mean ± sd over seeds {doc['seeds']}):\n\n"
-                   + _markdown(head, body))
+        columns = [*(f"seed {s}" for s in doc["seeds"]), "mean ± sd"]
+        head = ["method", *(f"{stage}, {c}" for stage in ("SFT", "RL") for c in columns)]
+        body = []
+        for m, r in rows.items():
+            cells = [[*(f"{x:.3f}" for x in r[s]["per_seed"]), f"{r[s]['mean']:.3f} ± {r[s]['sd']:.3f}"]
+                     for s in ("sft", "rl")]
+            body.append([f"`{m}`", *cells[0], *cells[1]])
+        out.append(f"Held-out reward under `{h}` (mean over the held-out tasks per seed; mean ± sd over seeds "
+                   f"{doc['seeds']}):\n\n" + markdown_table(head, body))
     return "\n\n".join(out)
 
 

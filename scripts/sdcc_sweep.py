@@ -82,18 +82,18 @@ def prepared(src: Path, seed_out: Path, cfg) -> dict:
         if not (seed_out / name).exists():
             (seed_out / name).symlink_to((src / name).resolve())
     return {"warm_dir": str((src / "warm" / "final").resolve()), "warm_loss": doc["warm_loss"],
-            "methods": [m for m, r in doc["methods"].items() if "rl" in r]}
+            "methods": {m: r for m, r in doc["methods"].items() if "rl" in r}, "results": str(src / "results.json")}
 
 
-def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[str], rl_variants: list[str] = (),
-        prepared_dir: Path | None = None) -> dict:
+def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[str],
+        rl_variants: tuple[str, ...] | list[str] = (), prepared_dir: Path | None = None) -> dict:
     from memorywalker.recipes.demo import FULL, QUICK, MethodJob, map_jobs, prepare
 
     base = QUICK if quick else FULL
     doc: dict = {"config": {"seeds": seeds, "quick": quick, "variants": {v: VARIANTS[v] for v in variants},
                             "rl": list(rl_variants), "prepared": None if prepared_dir is None else str(prepared_dir)},
                  "runs": {}}
-    jobs, keys, reused = [], [], {}  # keys[i] = (seed, variant) of jobs[i]; reused[(seed, v)] = the demo's method
+    jobs, keys, reused = [], [], {}  # keys[i] = (seed, variant) of jobs[i]; reused[(seed, v)] = (demo result, its file)
     t0 = time.perf_counter()
     for seed in seeds:
         cfg = replace(base, seed=seed)
@@ -107,7 +107,7 @@ def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[s
             method, fields = VARIANTS[v]
             rl = v in rl_variants
             if rl and prepared_dir is not None and not fields and method in prep["methods"]:
-                reused[(seed, v)], rl = method, False
+                reused[(seed, v)], rl = (prep["methods"][method], prep["results"]), False
             jobs.append(MethodJob(replace(cfg, **fields), str(seed_out), method, prep["warm_dir"], rl=rl, label=slug(v)))
             keys.append((seed, v))
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i].rl)  # the long GRPO jobs first
@@ -115,12 +115,12 @@ def run(seeds: list[int], out: Path, workers: int, quick: bool, variants: list[s
         seed, v = keys[i]
         entry = {"sft": _per_harness(res["sft"]), "sft_seconds": res["sft_seconds"]}
         if (seed, v) in reused:
-            demo = json.loads((prepared_dir / f"seed-{seed}" / "results.json").read_text())["methods"][reused[(seed, v)]]
+            demo, source = reused[(seed, v)]
             if _per_harness(demo["sft"])["rewards"] != entry["sft"]["rewards"]:
                 raise SystemExit(f"seed {seed} {v}: this SFT did not reproduce the demo's per-task rewards in "
-                                 f"{prepared_dir}: its GRPO result is not this run's; rerun without --prepared")
+                                 f"{source}: its GRPO result is not this run's; rerun without --prepared")
             res = {**res, "rl": demo["rl"], "rl_steps": demo["rl_steps"], "rl_seconds": demo["rl_seconds"]}
-            entry["rl_from"] = str(prepared_dir / f"seed-{seed}" / "results.json")
+            entry["rl_from"] = source
         if "rl" in res:
             entry.update(rl=_per_harness(res["rl"]), rl_seconds=res["rl_seconds"],
                          rl_steps={k: res["rl_steps"].get(k) for k in RL_STEP_KEYS})

@@ -362,3 +362,69 @@ def test_opencode_compaction_keeps_its_tail(tmp_path, tokenizer):
     assert ev.inserted == ["msg_u3", "msg_a4"]
     assert _segments(tokenizer, traj) == 2
     _counts_add_up(res)
+
+
+# --- opencode 1.3: a user message names its model as an object (issue 34) ---------------------------
+
+def _v13_user(mid, sid, t, text, model):
+    """MessageV2.User as 1.3 writes it (packages/opencode/src/session/message-v2.ts): ``agent``,
+    ``model: {providerID, modelID}``, optional ``tools`` and ``summary``."""
+    return {"info": {"id": mid, "sessionID": sid, "role": "user", "time": {"created": t}, "agent": "build",
+                     "model": model, "tools": {"bash": True}},
+            "parts": [{"id": f"prt_{mid}", "messageID": mid, "sessionID": sid, "type": "text", "text": text}]}
+
+
+def _v13_assistant(mid, sid, parent, t, text, inp, read):
+    """MessageV2.Assistant: ``providerID`` / ``modelID`` as its own fields, ``path``, ``tokens``."""
+    tokens = {"input": inp, "output": 12, "reasoning": 0, "cache": {"read": read, "write": 0}}
+    return {"info": {"id": mid, "sessionID": sid, "role": "assistant", "parentID": parent, "time": {"created": t},
+                     "providerID": "local-llama", "modelID": "Qwen_Qwen3.5-9B-Q8_0.gguf", "mode": "build",
+                     "agent": "build", "path": {"cwd": "/w", "root": "/w"}, "cost": 0, "tokens": tokens,
+                     "finish": "stop"},
+            "parts": [{"id": f"prt_{mid}_t", "messageID": mid, "sessionID": sid, "type": "text", "text": text},
+                      {"id": f"prt_{mid}_f", "messageID": mid, "sessionID": sid, "type": "step-finish",
+                       "reason": "stop", "cost": 0, "tokens": tokens}]}
+
+
+def test_opencode_13_user_model_object(tmp_path):
+    """The reported 1.3.10 database imported nothing: every user message (``model`` an object) was
+    rejected ``wrong_type`` and its assistant then had no history. Here ses_m: u1 → a1 → u2 → a2 with
+    the issue's model object; ses_x: u1 whose ``model.providerID`` is a list → rejected
+    "info.model.providerID is not text", its assistant kept as ``missing_parent``, the session
+    ``no_calls``. ses_m calls by hand: a1 [u1], a2 [u1 a1 u2]; billed prompt input + cache read:
+    a1 = 200 + 1,800 = 2,000, a2 = 40 + 2,000 = 2,040 >= 2,000 + 12 - 64 → verified. Read 6 = imported
+    5 + rejected 1."""
+    model = {"providerID": "local-llama", "modelID": "Qwen_Qwen3.5-9B-Q8_0.gguf"}
+    good = [_v13_user("msg_u1", "ses_m", 1, "hi", model),
+            _v13_assistant("msg_a1", "ses_m", "msg_u1", 2, "hello", 200, 1800),
+            _v13_user("msg_u2", "ses_m", 3, "list files", model),
+            _v13_assistant("msg_a2", "ses_m", "msg_u2", 4, "a b", 40, 2000)]
+    bad = [_v13_user("msg_x1", "ses_x", 1, "hi", {"providerID": ["local-llama"], "modelID": "q"}),
+           _v13_assistant("msg_x2", "ses_x", "msg_x1", 2, "hello", 10, 0)]
+    db = tmp_path / "opencode.db"
+    con = sqlite3.connect(db)
+    con.executescript(_V13_SCHEMA)
+    for sid, rows in (("ses_m", good), ("ses_x", bad)):
+        con.execute("insert into session (id, project_id, slug, directory, title, version, time_created, "
+                    "time_updated) values (?, 'p', 's', '/w', 't', '1.3.10', 1, 2)", (sid,))
+        for n, m in enumerate(rows):
+            data = {k: v for k, v in m["info"].items() if k not in ("id", "sessionID")}
+            con.execute("insert into message values (?, ?, ?, ?, ?)", (m["info"]["id"], sid, n, n, json.dumps(data)))
+            for p in m["parts"]:
+                pdata = {k: v for k, v in p.items() if k not in ("id", "messageID", "sessionID")}
+                con.execute("insert into part values (?, ?, ?, ?, ?, ?)", (p["id"], m["info"]["id"], sid, n, n,
+                                                                         json.dumps(pdata)))
+    con.commit()
+    con.close()
+    res = run_import("opencode", [db])
+    (traj,) = res.trajectories
+    assert [c.context for c in traj.calls] == [["msg_u1"], ["msg_u1", "msg_a1", "msg_u2"]]
+    assert [c.meta["billed_tokens"]["prompt"] for c in traj.calls] == [2000, 2040]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified"]
+    assert traj.calls[0].meta["billed_tokens"]["model"] == "local-llama/Qwen_Qwen3.5-9B-Q8_0.gguf"
+    assert [(r.reason, r.line, r.message) for r in res.rejects] == [
+        ("wrong_type", 0, "message #0: info.model.providerID is not text"),
+        ("missing_parent", 1, "message msg_x2: an assistant message with no history"),
+        ("no_calls", None, "trajectory 'ses_x' has no model call")]
+    assert res.read == 6 and res.imported == 5 and res.rejected == 1
+    _counts_add_up(res)

@@ -299,6 +299,19 @@ def _billed(tokens: Any, has_reasoning: bool, mi: dict) -> dict | None:
     return billed.billed(prompt, 0 if has_reasoning else tokens.get("output"), model)
 
 
+def _wrong_field(entry: dict, mi: dict) -> str | None:
+    """:func:`wrong_key_field` of a message, except a user message's ``model``: MessageV2.User (1.3)
+    names the model it was sent to as an object ``{providerID, modelID}`` (the assistant keeps them as
+    its own fields), so there the two ids must be text and the object itself is not a wrong type."""
+    model = mi.get("model")
+    if mi.get("role") == "user" and isinstance(model, dict):
+        for key in ("providerID", "modelID"):
+            if not isinstance(model.get(key), str):
+                return f"info.model.{key}"
+        entry = {**entry, "info": {k: v for k, v in mi.items() if k != "model"}}
+    return wrong_key_field(entry)
+
+
 def import_session(info: dict, messages: list[Any], source: Path, result: ImportResult) -> None:
     s = _Session(info, source, result)
     for k, entry in enumerate(messages):
@@ -314,7 +327,7 @@ def import_session(info: dict, messages: list[Any], source: Path, result: Import
                           f"message #{k} is not {{info: {{id, role: user|assistant}}, parts: [...]}}",
                           detail=carried(entry))
             continue
-        bad = wrong_key_field(entry)
+        bad = _wrong_field(entry, mi)
         if bad is not None:
             result.reject(source, k, "wrong_type", f"message #{k}: {bad} is not text", detail=carried(entry))
             continue

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from memorywalker.importers import run_import
-from memorywalker.importers.billed import billed, check_billed, check_counts, prefix_parents
+from memorywalker.importers.billed import (GROWTH_RULE, TURN_RULE, billed, check_billed, check_counts,
+                                           prefix_parents)
 from memorywalker.records import TrajectoryBuilder
 from test_import_claude_code import _base, _counts_add_up, _write, boundary, user
 
@@ -41,7 +42,10 @@ def test_growth_rule_by_hand():
     (ev,) = b.evictions
     assert ev.meta["evidence"] == {"previous_call": "call-1", "billed_prompt_before": 99_810,
                                    "billed_prompt_after": 99_609, "response_tokens_before": 0,
-                                   "expected_at_least": 99_810, "tolerance": 200}
+                                   "reasoning_dropped": 0, "expected_at_least": 99_810, "tolerance": 200,
+                                   "rule": GROWTH_RULE}
+    assert b.calls[2].reason.startswith("context_unverified: the billed prompt fell from 99810 to 99609 tokens "
+                                        "after call 'call-1' (expected at least 99810 - 200: P[t+1] >= P[t]")
     assert ev.removed == [] and ev.meta["inferred"] and not b.calls[2].selected
 
 
@@ -279,6 +283,104 @@ def test_codex_token_counts(tmp_path):
     assert res.read == len(rows) == res.imported + sum(res.skipped.values()) + res.rejected
 
 
+def _codex_two_turns(turn2_prompt: int, compaction: bool = False) -> list[dict]:
+    """Turn 1 ("fix the bug"): call-0 reasoning + shell (billed 5,000; output 300 of which reasoning 250,
+    so R = 50), call-1 reasoning + shell (5,400; 400 / 350), call-2 reasoning + "Fixed" (5,900; 420 /
+    400). Then either turn 2 ("now add a test", no compaction): call-3 reasoning + shell
+    (``turn2_prompt``; 200 / 180), call-4 "done" (+230); or (``compaction``) the compaction's own
+    request (6,000, unattributed), ``compacted`` with a replacement history, "continue": call-3
+    reasoning + shell (``turn2_prompt``), call-4 "done" (+230)."""
+    def item(p):
+        return {"type": "response_item", "payload": p}
+
+    def msg(role, text):
+        return item({"type": "message", "role": role, "content": [
+            {"type": "output_text" if role == "assistant" else "input_text", "text": text}]})
+
+    def think(n):
+        return item({"type": "reasoning", "summary": [{"type": "summary_text", "text": f"step {n}"}],
+                     "content": None, "encrypted_content": f"gAAA{n}"})
+
+    def shell(cid):
+        return item({"type": "function_call", "name": "shell", "arguments": "{\"command\": [\"ls\"]}", "call_id": cid})
+
+    def out(cid):
+        return item({"type": "function_call_output", "call_id": cid, "output": "ok"})
+
+    rows = [{"type": "session_meta", "payload": {"id": "s-turns", "cli_version": "0.120.0"}},
+            {"type": "turn_context", "payload": {"model": "gpt-5.2"}},
+            msg("user", "fix the bug"),
+            think(0), shell("c1"), _tc(5000, 300, 5300, 250), out("c1"),
+            think(1), shell("c2"), _tc(5400, 400, 11100, 350), out("c2"),
+            think(2), msg("assistant", "Fixed"), _tc(5900, 420, 17420, 400)]
+    if compaction:
+        rows += [_tc(6000, 500, 23920), {"type": "compacted", "payload": {"message": "", "replacement_history": [
+            rows[2]["payload"], {"type": "message", "role": "user",
+                                 "content": [{"type": "input_text", "text": "SUMMARY: fixed it"}]}]}},
+                 msg("user", "continue")]
+    else:
+        rows += [{"type": "turn_context", "payload": {"model": "gpt-5.2"}}, msg("user", "now add a test")]
+    rows += [think(3), shell("c3"), _tc(turn2_prompt, 200, 30000, 180), out("c3"),
+             msg("assistant", "done"), _tc(turn2_prompt + 230, 30, 40000)]
+    return rows
+
+
+def _write_rollout(tmp_path, rows) -> Path:
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_codex_new_turn_drops_the_reasoning_not_the_context(tmp_path):
+    """Issue 34: the first call of a new user turn is billed less than the previous prompt + response,
+    because the Responses API drops the previous turn's reasoning items from the prompt. By hand
+    (tol = 64 throughout): call-1 5,400 >= 5,000 + 50 - 64; call-2 5,900 >= 5,400 + 20 - 64; the prompt
+    of call-2 held the reasoning of call-0 and call-1, D = 250 + 350 = 600 (call-2's own 400 never
+    entered a prompt); call-3 at 5,330 needs >= 5,900 + 20 - 600 - 64 = 5,256 - the old rule wanted
+    5,856 and inferred an eviction; call-4 5,560 >= 5,330 + 20 - 64. No eviction, every call with a
+    prefix parent verified, all selected."""
+    res = run_import("codex", [_write_rollout(tmp_path, _codex_two_turns(5330))])
+    (traj,) = res.trajectories
+    assert [c.meta["billed_tokens"].get("reasoning") for c in traj.calls] == [250, 350, 400, 180, 0]
+    assert [c.meta["billed_tokens"]["response"] for c in traj.calls] == [50, 50, 20, 20, 30]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified", "verified", "verified"]
+    assert traj.evictions == [] and all(c.selected for c in traj.calls)
+    c = res.counts()
+    assert (c["calls"], c["calls_selected"], c["unselected_by_reason"], c["evictions_inferred"]) == (5, 5, {}, 0)
+
+
+def test_codex_drop_beyond_the_dropped_reasoning_is_an_eviction(tmp_path):
+    """One token under the bound above (5,255 < 5,256): the drop exceeds what the dropped reasoning
+    explains, so it is an inferred eviction naming its numbers and the turn rule; call-3 and call-4
+    (whose context holds the same messages) are unselected - the summary counts 2 calls lost."""
+    res = run_import("codex", [_write_rollout(tmp_path, _codex_two_turns(5255))])
+    (traj,) = res.trajectories
+    (ev,) = traj.evictions
+    assert (ev.kind, ev.before_call, ev.removed, ev.meta["inferred"]) == ("other", "call-3", [], True)
+    assert ev.meta["evidence"] == {"previous_call": "call-2", "billed_prompt_before": 5900, "billed_prompt_after": 5255,
+                                   "response_tokens_before": 20, "reasoning_dropped": 600,
+                                   "expected_at_least": 5320, "tolerance": 64, "rule": TURN_RULE}
+    assert [c.meta["context_check"] for c in traj.calls][3:] == ["unverified", "unverified"]
+    assert "(expected at least 5320 - 64: P[t+1] >= P[t] + R[t] - D - tol" in traj.calls[3].reason
+    c = res.counts()
+    assert (c["calls_selected"], c["unselected_by_reason"], c["evictions_inferred"]) == (3, {"context_unverified": 2}, 1)
+    assert check_counts(res.trajectories)[str(tmp_path / "rollout.jsonl")]["unselected"] == 2
+
+
+def test_codex_real_compaction_is_exactly_its_eviction(tmp_path):
+    """A real ``compacted`` after turn 1: one summarize eviction before call-3 and nothing inferred.
+    call-3 (1,200) has no prefix parent (the history was replaced) → unchecked; call-4 1,430 >=
+    1,200 + 20 - 64 → verified; the compaction's own request is ``token_counts_unattributed``."""
+    res = run_import("codex", [_write_rollout(tmp_path, _codex_two_turns(1200, compaction=True))])
+    (traj,) = res.trajectories
+    assert [(e.kind, e.before_call, bool(e.meta.get("inferred"))) for e in traj.evictions] == [
+        ("summarize", "call-3", False)]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified", "unchecked", "verified"]
+    assert all(c.selected for c in traj.calls) and res.notes["token_counts_unattributed"] == 1
+    c = res.counts()
+    assert (c["evictions"], c["evictions_inferred"], c["unselected_by_reason"]) == ({"summarize": 1}, 0, {})
+
+
 def test_cli_import_prints_and_inspect_shows_the_checks(harness_logs, tmp_path, kit):
     """`import` prints verified / unverified / unchecked per file; `inspect` totals them from the
     written records (trajs_basic 1/0/1 + trajs_basic_gui_mode 3/0/2 = 4/0/3)."""
@@ -289,9 +391,9 @@ def test_cli_import_prints_and_inspect_shows_the_checks(harness_logs, tmp_path, 
     out = tmp_path / "oh.jsonl"
     res = CliRunner().invoke(app, ["import", "openhands", str(harness_logs / "openhands"), "-o", str(out)])
     assert res.exit_code == 0, res.output
-    rows = {line.split("│")[1].strip(): [x.strip() for x in line.split("│")[2:5]]
-            for line in res.output.splitlines() if line.count("│") == 5 and ".json" in line}
-    assert rows == {"trajs_basic.json": ["1", "0", "1"], "trajs_basic_gui_mode.json": ["3", "0", "2"]}
+    rows = {line.split("│")[1].strip(): [x.strip() for x in line.split("│")[2:6]]
+            for line in res.output.splitlines() if line.count("│") == 6 and ".json" in line}
+    assert rows == {"trajs_basic.json": ["1", "0", "1", "0"], "trajs_basic_gui_mode.json": ["3", "0", "2", "0"]}
     res = CliRunner().invoke(app, ["inspect", str(out), "--tokenizer", str(kit[0]), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["context_check"] == {"verified": 4, "unverified": 0, "unchecked": 3}

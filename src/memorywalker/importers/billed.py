@@ -14,9 +14,16 @@ break is checked:
   accounting and token merges at message boundaries. ``R[t]`` is a lower bound on the response tokens
   that reach the next prompt: the visible output, 0 when the response carries reasoning (providers
   may drop reasoning from later prompts).
+* **a new user turn** (a user message between call ``t``'s response and call ``t+1``): OpenAI's
+  Responses API keeps a reasoning item in the prompt only until the next user message, so ``P[t]``
+  held the reasoning of the earlier calls of ``t``'s turn and ``P[t+1]`` does not. Where the log
+  counts each call's reasoning tokens (``billed_tokens.reasoning``: Codex ``reasoning_output_tokens``)
+  the bound is ``P[t+1] >= P[t] + R[t] - D - tol``, ``D`` = the reasoning of the calls of ``t``'s turn
+  before ``t`` (``t``'s own reasoning never entered a prompt). ``D`` is an upper bound on what left the
+  prompt; a drop beyond it is still flagged. Without reasoning counts ``D = 0``.
 * **a drop** below that bound while the replayed context only grew is an eviction the log did not
-  record. It is recorded as an *inferred* eviction (``meta.inferred``, the numbers in
-  ``meta.evidence``; what was removed is unknown, so ``removed`` is empty) and the call is left
+  record. It is recorded as an *inferred* eviction (``meta.inferred``; ``meta.evidence`` holds the
+  numbers and the rule broken; what was removed is unknown, so ``removed`` is empty) and the call is left
   unselected with reason ``context_unverified``, as is every later call whose context still holds a
   message that was in that call's context (the unknown removal may have touched any of them).
 
@@ -52,11 +59,18 @@ CHECKS = (VERIFIED, UNVERIFIED, UNCHECKED)
 Hint = Callable[[Call, Call], dict[str, Any]]
 
 
-def billed(prompt: Any, response: Any = 0, model: str | None = None, cache_read: Any = None) -> dict[str, Any] | None:
+GROWTH_RULE = "P[t+1] >= P[t] + R[t] - tol (the context extends call t's context and response)"
+TURN_RULE = ("P[t+1] >= P[t] + R[t] - D - tol (a new user turn: the provider dropped D reasoning tokens "
+             "of the earlier calls of call t's turn)")
+
+
+def billed(prompt: Any, response: Any = 0, model: str | None = None, cache_read: Any = None,
+           reasoning: Any = None) -> dict[str, Any] | None:
     """The ``meta.billed_tokens`` record of one call, or None when the log has no usable count.
     ``cache_read`` (the prompt's cached prefix, where the log has it) is evidence only: a drop with a
     cache miss means the prefix changed - an early message, or the system prompt or tools, which no
-    log here records."""
+    log here records. ``reasoning`` (the call's reasoning output tokens, where the log counts them)
+    is what a new user turn may drop from later prompts (module docstring)."""
     if not isinstance(prompt, int | float) or isinstance(prompt, bool) or not math.isfinite(prompt) or prompt <= 0:
         return None
     r = response if isinstance(response, int | float) and not isinstance(response, bool) and math.isfinite(response) else 0
@@ -65,6 +79,8 @@ def billed(prompt: Any, response: Any = 0, model: str | None = None, cache_read:
         out["model"] = model
     if isinstance(cache_read, int) and not isinstance(cache_read, bool) and cache_read >= 0:
         out["cache_read"] = cache_read
+    if isinstance(reasoning, int) and not isinstance(reasoning, bool) and reasoning >= 0:
+        out["reasoning"] = reasoning
     return out
 
 
@@ -99,10 +115,11 @@ def check_billed(builder: TrajectoryBuilder, result: Any = None, hint: Hint | No
         return
     parents = prefix_parents(calls)
     artifacts = {m.id for m in builder.messages if m.author == "harness"}
+    dropped = reasoning_dropped(calls, parents, {m.id for m in builder.messages if m.role == "user"})
     exposed: set[str] = set()  # messages present when an unrecorded eviction happened
     first_drop: str | None = None
     for i, call in enumerate(calls):
-        status, drop = _check(calls, i, parents[i])
+        status, drop = _check(calls, i, parents[i], dropped[i])
         if drop is not None:
             fields = {"kind": "other", "meta": {}}
             if hint is not None:
@@ -112,7 +129,8 @@ def check_billed(builder: TrajectoryBuilder, result: Any = None, hint: Hint | No
             exposed |= set(call.context) - artifacts
             first_drop = first_drop or call.id
             _unselect(call, f"context_unverified: the billed prompt fell from {drop['billed_prompt_before']} to "
-                            f"{drop['billed_prompt_after']} tokens after call {drop['previous_call']!r} with no "
+                            f"{drop['billed_prompt_after']} tokens after call {drop['previous_call']!r} (expected at "
+                            f"least {drop['expected_at_least']} - {drop['tolerance']}: {drop['rule']}) with no "
                             "recorded eviction; what was removed is unknown")
         elif exposed and exposed & set(call.context):
             status = UNVERIFIED
@@ -126,7 +144,33 @@ def check_billed(builder: TrajectoryBuilder, result: Any = None, hint: Hint | No
         builder.evictions.sort(key=lambda ev: order.get(ev.before_call, len(order)))
 
 
-def _check(calls: list[Call], i: int, parent: int | None) -> tuple[str, dict | None]:
+def reasoning_dropped(calls: list[Call], parents: list[int | None], users: set[str]) -> list[int | None]:
+    """Per call, the reasoning tokens its prompt lost against its prefix parent's prompt: at a new user
+    turn (a message of ``users`` after the parent's response) the reasoning of the earlier calls of
+    the parent's turn, else 0; None with no prefix parent. A call without a reasoning count adds 0.
+
+    >>> from memorywalker.records import Call
+    >>> c = [Call(id=f"c{i}", context=ctx, response=r, meta={"billed_tokens": {"reasoning": 100 * (i + 1)}})
+    ...      for i, (ctx, r) in enumerate([(["u"], "a"), (["u", "a", "t"], "b"), (["u", "a", "t", "b", "v"], "c")])]
+    >>> reasoning_dropped(c, [None, 0, 1], users={"u", "v"})   # c2 starts a turn: c0's 100 leave the prompt
+    [None, 0, 100]
+    """
+    held: list[int] = []  # reasoning tokens in each call's prompt (earlier calls of its turn)
+    out: list[int | None] = []
+    for call, p in zip(calls, parents, strict=True):
+        if p is None:
+            held.append(0)
+            out.append(None)
+            continue
+        parent = calls[p]
+        new_turn = any(m in users for m in call.context[len(parent.context) + 1:])
+        out.append(held[p] if new_turn else 0)
+        own = (parent.meta.get("billed_tokens") or {}).get("reasoning", 0)
+        held.append(0 if new_turn else held[p] + own)
+    return out
+
+
+def _check(calls: list[Call], i: int, parent: int | None, dropped: int | None) -> tuple[str, dict | None]:
     call = calls[i]
     now = call.meta.get("billed_tokens")
     if not now or call.purpose != "act" or parent is None:
@@ -136,11 +180,13 @@ def _check(calls: list[Call], i: int, parent: int | None) -> tuple[str, dict | N
     if not before or prev.purpose != "act" or before.get("model") != now.get("model"):
         return UNCHECKED, None
     tol = tolerance(before["prompt"])
-    if now["prompt"] >= before["prompt"] + before["response"] - tol:
+    expected = before["prompt"] + before["response"] - (dropped or 0)
+    if now["prompt"] >= expected - tol:
         return VERIFIED, None
     evidence = {"previous_call": prev.id, "billed_prompt_before": before["prompt"],
                 "billed_prompt_after": now["prompt"], "response_tokens_before": before["response"],
-                "expected_at_least": before["prompt"] + before["response"], "tolerance": tol}
+                "reasoning_dropped": dropped or 0, "expected_at_least": expected, "tolerance": tol,
+                "rule": TURN_RULE if dropped else GROWTH_RULE}
     if "cache_read" in now:
         evidence["cache_read_after"] = now["cache_read"]
     return UNVERIFIED, evidence
@@ -153,11 +199,18 @@ def _unselect(call: Call, reason: str) -> None:
         call.meta["context_unverified"] = reason
 
 
+def lost_to_check(call: Call) -> bool:
+    """Whether ``call`` is left unselected because its context is unverified (and for nothing else)."""
+    return not call.selected and (call.reason or "").startswith("context_unverified")
+
+
 def check_counts(trajectories: Iterable[Trajectory]) -> dict[str, Counter]:
-    """Per source file: calls verified / unverified / unchecked (calls without the key: unchecked)."""
+    """Per source file: calls verified / unverified / unchecked (calls without the key: unchecked), and
+    ``unselected``: the unverified calls the check took out of training (:func:`lost_to_check`)."""
     out: dict[str, Counter] = {}
     for t in trajectories:
-        c = out.setdefault(t.lineage.source_path or t.id, Counter({k: 0 for k in CHECKS}))
+        c = out.setdefault(t.lineage.source_path or t.id, Counter({k: 0 for k in (*CHECKS, "unselected")}))
         for call in t.calls:
             c[call.meta.get("context_check", UNCHECKED)] += 1
+            c["unselected"] += lost_to_check(call)
     return out

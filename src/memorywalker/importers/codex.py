@@ -173,8 +173,9 @@ class _Replay:
         call = next(c for c in reversed(self.b.calls) if c.id == self.awaiting)
         out, reasoning = last.get("output_tokens"), last.get("reasoning_output_tokens")
         visible = out - reasoning if isinstance(out, int) and isinstance(reasoning, int) else out
-        # input_tokens includes the cached part (cached_input_tokens is a subset of it).
-        b = billed.billed(last.get("input_tokens"), visible, self.model)
+        # input_tokens includes the cached part (cached_input_tokens is a subset of it); output_tokens
+        # includes the reasoning, which later calls of the turn receive back and the next turn does not.
+        b = billed.billed(last.get("input_tokens"), visible, self.model, reasoning=reasoning)
         if b:
             call.meta["billed_tokens"] = b
         self.awaiting = None

@@ -71,8 +71,13 @@ def import_logs(
     table.add_column("count", justify="right")
     for key in ("read", "imported", "skipped", "rejected", "trajectories", "calls"):
         table.add_row(key, str(c[key]))
+    table.add_row("calls selected", str(c["calls_selected"]))
+    for reason, n in c["unselected_by_reason"].items():  # context_unverified: lost to the billed check
+        table.add_row(f"calls unselected: {reason}", str(n))
     for kind, n in c["evictions"].items():
         table.add_row(f"evictions: {kind}", str(n))
+    if c["evictions_inferred"]:
+        table.add_row("evictions inferred from billed tokens", str(c["evictions_inferred"]))
     for reason, n in c["rejects_by_reason"].items():
         table.add_row(f"rejects: {reason}", str(n))
     for reason, n in c["dropped_by_reason"].items():
@@ -84,13 +89,13 @@ def import_logs(
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
     checks = Table(title="contexts checked against billed prompt tokens (docs/importers.md)")
-    for col in ("file", "verified", "unverified", "unchecked"):
+    for col in ("file", "verified", "unverified", "unchecked", "unselected"):
         checks.add_column(col, justify="left" if col == "file" else "right")
     counts = check_counts(result.trajectories)
     common = os.path.commonpath([str(Path(p).parent) for p in counts]) if len(counts) > 1 else None
-    for source, n in sorted(counts.items()):
+    for source, n in sorted(counts.items()):  # unselected: calls taken out of training as unverified
         checks.add_row(os.path.relpath(source, common) if common else source, str(n["verified"]),
-                       str(n["unverified"]), str(n["unchecked"]))
+                       str(n["unverified"]), str(n["unchecked"]), str(n["unselected"]))
     console.print(checks)
     if ctx.meta.get("memorywalker.debug"):  # what unknown records carried
         for r in result.rejects:

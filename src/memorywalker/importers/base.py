@@ -101,14 +101,21 @@ class ImportResult:
 
     def counts(self) -> dict[str, Any]:
         evictions = Counter(ev.kind for t in self.trajectories for ev in t.evictions)
+        calls = [c for t in self.trajectories for c in t.calls]
         return {
             "read": self.read,
             "imported": self.imported,
             "skipped": sum(self.skipped.values()),
             "rejected": self.rejected,
             "trajectories": len(self.trajectories),
-            "calls": sum(len(t.calls) for t in self.trajectories),
+            "calls": len(calls),
+            # selected + the unselected by reason code = calls; ``context_unverified`` is the training
+            # data the billed-token check removed (importers/billed.py).
+            "calls_selected": sum(c.selected for c in calls),
+            "unselected_by_reason": dict(sorted(Counter((c.reason or "no_reason").split(":")[0]
+                                                        for c in calls if not c.selected).items())),
             "evictions": dict(sorted(evictions.items())),
+            "evictions_inferred": sum(bool(ev.meta.get("inferred")) for t in self.trajectories for ev in t.evictions),
             # Record rejects (they add up to ``rejected``); whole files or trajectories dropped; records
             # kept with a warning (a cut context). Each list adds up on its own.
             "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from memorywalker.importers import run_import
-from memorywalker.importers.billed import (GROWTH_RULE, TURN_RULE, billed, check_billed, check_counts,
-                                           prefix_parents)
+from memorywalker.importers.billed import (
+    GROWTH_RULE,
+    TURN_RULE,
+    billed,
+    check_billed,
+    check_counts,
+    prefix_parents,
+)
 from memorywalker.records import TrajectoryBuilder
 from test_import_claude_code import _base, _counts_add_up, _write, boundary, user
 
@@ -347,6 +353,7 @@ def test_codex_new_turn_drops_the_reasoning_not_the_context(tmp_path):
     assert traj.evictions == [] and all(c.selected for c in traj.calls)
     c = res.counts()
     assert (c["calls"], c["calls_selected"], c["unselected_by_reason"], c["evictions_inferred"]) == (5, 5, {}, 0)
+    assert c["evictions_from_billed_drops"] == 0
 
 
 def test_codex_drop_beyond_the_dropped_reasoning_is_an_eviction(tmp_path):
@@ -363,7 +370,8 @@ def test_codex_drop_beyond_the_dropped_reasoning_is_an_eviction(tmp_path):
     assert [c.meta["context_check"] for c in traj.calls][3:] == ["unverified", "unverified"]
     assert "(expected at least 5320 - 64: P[t+1] >= P[t] + R[t] - D - tol" in traj.calls[3].reason
     c = res.counts()
-    assert (c["calls_selected"], c["unselected_by_reason"], c["evictions_inferred"]) == (3, {"context_unverified": 2}, 1)
+    assert (c["calls_selected"], c["unselected_by_reason"], c["evictions_from_billed_drops"]) == (
+        3, {"context_unverified": 2}, 1)
     assert check_counts(res.trajectories)[str(tmp_path / "rollout.jsonl")]["unselected"] == 2
 
 
@@ -397,3 +405,23 @@ def test_cli_import_prints_and_inspect_shows_the_checks(harness_logs, tmp_path, 
     res = CliRunner().invoke(app, ["inspect", str(out), "--tokenizer", str(kit[0]), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["context_check"] == {"verified": 4, "unverified": 0, "unchecked": 3}
+
+
+def test_cli_import_counts_the_calls_lost_to_the_check(tmp_path):
+    """The CLI summary of the rollout above whose turn-2 drop is beyond its dropped reasoning: 5 calls,
+    3 selected + 2 unselected context_unverified (= 5), 1 inferred eviction from a billed drop; the
+    file's check row: verified 2 (call-1, call-2), unverified 2 (call-3, call-4), unchecked 1 (call-0),
+    unselected 2."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    path = _write_rollout(tmp_path, _codex_two_turns(5255))
+    res = CliRunner().invoke(app, ["import", "codex", str(path), "-o", str(tmp_path / "out.jsonl")])
+    assert res.exit_code == 0, res.output
+    rows = {cells[0]: cells[1:] for line in res.output.splitlines() if "│" in line
+            for cells in [[x.strip() for x in line.strip().strip("│").split("│")]]}
+    assert rows["calls"] == ["5"] and rows["calls selected"] == ["3"]
+    assert rows["calls unselected: context_unverified"] == ["2"]
+    assert rows["evictions: other"] == ["1"] and rows["of which from billed-token drops"] == ["1"]
+    assert rows[str(path)] == ["2", "2", "1", "2"]

@@ -77,7 +77,8 @@ def import_logs(
     for kind, n in c["evictions"].items():
         table.add_row(f"evictions: {kind}", str(n))
     if c["evictions_inferred"]:
-        table.add_row("evictions inferred from billed tokens", str(c["evictions_inferred"]))
+        table.add_row("evictions inferred (not recorded by the harness)", str(c["evictions_inferred"]))
+        table.add_row("  of which from billed-token drops", str(c["evictions_from_billed_drops"]))
     for reason, n in c["rejects_by_reason"].items():
         table.add_row(f"rejects: {reason}", str(n))
     for reason, n in c["dropped_by_reason"].items():

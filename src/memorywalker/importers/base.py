@@ -100,7 +100,8 @@ class ImportResult:
         return traj
 
     def counts(self) -> dict[str, Any]:
-        evictions = Counter(ev.kind for t in self.trajectories for ev in t.evictions)
+        evs = [ev for t in self.trajectories for ev in t.evictions]
+        evictions = Counter(ev.kind for ev in evs)
         calls = [c for t in self.trajectories for c in t.calls]
         return {
             "read": self.read,
@@ -115,7 +116,10 @@ class ImportResult:
             "unselected_by_reason": dict(sorted(Counter((c.reason or "no_reason").split(":")[0]
                                                         for c in calls if not c.selected).items())),
             "evictions": dict(sorted(evictions.items())),
-            "evictions_inferred": sum(bool(ev.meta.get("inferred")) for t in self.trajectories for ev in t.evictions),
+            # not recorded by the harness: derived from the delivered contexts (swe-agent, qwen-agent, ...)
+            # or from a billed-token drop (those carry ``meta.evidence``); the rest are white-box records
+            "evictions_inferred": sum(bool(ev.meta.get("inferred")) for ev in evs),
+            "evictions_from_billed_drops": sum(bool(ev.meta.get("inferred")) and "evidence" in ev.meta for ev in evs),
             # Record rejects (they add up to ``rejected``); whole files or trajectories dropped; records
             # kept with a warning (a cut context). Each list adds up on its own.
             "rejects_by_reason": dict(sorted(Counter(r.reason for r in self.rejects

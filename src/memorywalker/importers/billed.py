@@ -15,8 +15,10 @@ break is checked:
   that reach the next prompt: the visible output, 0 when the response carries reasoning (providers
   may drop reasoning from later prompts).
 * **a new user turn** (a user message between call ``t``'s response and call ``t+1``): OpenAI's
-  Responses API keeps a reasoning item in the prompt only until the next user message, so ``P[t]``
-  held the reasoning of the earlier calls of ``t``'s turn and ``P[t+1]`` does not. Where the log
+  Responses API keeps a reasoning item in the prompt only until the next user message ("reasoning
+  items from turn 1 are ignored and removed" in turn 2: openai-cookbook
+  ``examples/responses_api/reasoning_items.ipynb``), so ``P[t]`` held the reasoning of the earlier
+  calls of ``t``'s turn and ``P[t+1]`` does not. Where the log
   counts each call's reasoning tokens (``billed_tokens.reasoning``: Codex ``reasoning_output_tokens``)
   the bound is ``P[t+1] >= P[t] + R[t] - D - tol``, ``D`` = the reasoning of the calls of ``t``'s turn
   before ``t`` (``t``'s own reasoning never entered a prompt). ``D`` is an upper bound on what left the

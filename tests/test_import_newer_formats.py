@@ -428,3 +428,41 @@ def test_opencode_13_user_model_object(tmp_path):
         ("no_calls", None, "trajectory 'ses_x' has no model call")]
     assert res.read == 6 and res.imported == 5 and res.rejected == 1
     _counts_add_up(res)
+
+
+def test_opencode_new_turn_drops_the_steps_reasoning(tmp_path):
+    """Issue 34's new-turn rule on OpenCode's step ``tokens.reasoning`` (a reasoning model behind a
+    chat template that strips earlier turns' thinking, like the issue's Qwen3.5, or the Responses API):
+    u1 → a1 (step 0: reasoning + a tool call, billed 100 + 1,900 cache read = 2,000, reasoning 280;
+    step 1: reasoning + text, 2,030, reasoning 120; R = 0 for both, they reasoned) → u2 → a2 (1,790).
+    a1:1: 2,030 >= 2,000 + 0 - 64. a2 starts a turn: the prompt of a1:1 held step 0's 280 reasoning
+    tokens, so a2 needs >= 2,030 + 0 - 280 - 64 = 1,686 (the growth rule alone wanted 1,966): verified,
+    no eviction."""
+    def tok(inp, read, out, reasoning):
+        return {"input": inp, "output": out, "reasoning": reasoning, "cache": {"read": read, "write": 0}}
+
+    def part(mid, n, **kw):
+        return {"id": f"prt_{mid}_{n}", "messageID": mid, "sessionID": "ses_r", **kw}
+
+    model = {"providerID": "local-llama", "modelID": "Qwen_Qwen3.5-9B-Q8_0.gguf"}
+    u1, u2 = (_v13_user(m, "ses_r", t, text, model) for m, t, text in (("msg_u1", 1, "fix"), ("msg_u2", 5, "thanks")))
+    a1 = {"info": {**_v13_assistant("msg_a1", "ses_r", "msg_u1", 2, "", 0, 0)["info"], "tokens": tok(130, 1900, 150, 120)},
+          "parts": [part("msg_a1", 0, type="step-start"), part("msg_a1", 1, type="reasoning", text="look", time={"start": 2}),
+                    part("msg_a1", 2, type="tool", callID="call_1", tool="bash", state={
+                        "status": "completed", "input": {"command": "ls"}, "output": "a", "title": "ls",
+                        "metadata": {}, "time": {"start": 2, "end": 3}}),
+                    part("msg_a1", 3, type="step-finish", reason="tool-calls", cost=0, tokens=tok(100, 1900, 300, 280)),
+                    part("msg_a1", 4, type="step-start"), part("msg_a1", 5, type="reasoning", text="done", time={"start": 3}),
+                    part("msg_a1", 6, type="text", text="fixed"),
+                    part("msg_a1", 7, type="step-finish", reason="stop", cost=0, tokens=tok(130, 1900, 150, 120))]}
+    a2 = _v13_assistant("msg_a2", "ses_r", "msg_u2", 6, "you're welcome", 90, 1700)
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"info": {"id": "ses_r"}, "messages": [u1, a1, u2, a2]}))
+    res = run_import("opencode", [path])
+    (traj,) = res.trajectories
+    assert [c.meta["billed_tokens"]["prompt"] for c in traj.calls] == [2000, 2030, 1790]
+    assert [c.meta["billed_tokens"]["reasoning"] for c in traj.calls] == [280, 120, 0]
+    assert traj.calls[2].context == ["msg_u1", "msg_a1:0", "msg_a1:0:call_1", "msg_a1:1", "msg_u2"]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified"]
+    assert traj.evictions == [] and all(c.selected for c in traj.calls) and res.rejects == []
+    _counts_add_up(res)

@@ -289,14 +289,16 @@ class _Session:
 
 def _billed(tokens: Any, has_reasoning: bool, mi: dict) -> dict | None:
     """Step ``tokens``: input excludes the cached parts (getUsage), so the prompt is input + cache read
-    + cache write; the response is the output tokens (0 when the step reasoned)."""
+    + cache write; the response is the output tokens (0 when the step reasoned). ``tokens.reasoning``
+    is what a later user turn may drop from the prompt (the Responses API does, and so do chat
+    templates that strip earlier turns' thinking, e.g. Qwen3's): billed.py's new-turn rule."""
     if not isinstance(tokens, dict):
         return None
     cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
     parts = [tokens.get("input"), cache.get("read"), cache.get("write")]
     prompt = sum(x for x in parts if isinstance(x, int | float) and not isinstance(x, bool))
     model = f"{mi.get('providerID')}/{mi.get('modelID')}" if mi.get("modelID") else None
-    return billed.billed(prompt, 0 if has_reasoning else tokens.get("output"), model)
+    return billed.billed(prompt, 0 if has_reasoning else tokens.get("output"), model, reasoning=tokens.get("reasoning"))
 
 
 def _wrong_field(entry: dict, mi: dict) -> str | None:

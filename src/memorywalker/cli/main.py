@@ -31,6 +31,7 @@ from memorywalker.cli import (  # noqa: E402
     import_cmd,
     inventory_cmd,
     methods_cmd,
+    models_cmd,
     records_cmd,
     rollout_cmd,
     train_cmd,
@@ -49,6 +50,7 @@ gap_cmd.register(app)
 import_cmd.register(app)
 inventory_cmd.register(app)
 methods_cmd.register(app)
+models_cmd.register(app)
 records_cmd.register(app)
 rollout_cmd.register(app)
 train_cmd.register(app)

@@ -1,4 +1,5 @@
-"""Load the model a recipe trains: any local Hugging Face causal LM dir, or ``kit`` (the offline tiny one)."""
+"""Load the model a recipe trains: any local Hugging Face causal LM dir, ``kit`` (the offline tiny one), or a
+packaged pretrained model by name once converted (``smollm2-135m``: :mod:`memorywalker.modelkit.pretrained`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import torch
 
 def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
     """``(model_dir, tokenizer_dir)``: ``kit`` builds (once) and uses :func:`~memorywalker.modelkit.default_kit`;
-    the tokenizer defaults to the model dir's."""
+    a :data:`~memorywalker.modelkit.pretrained.PACKAGED` name is its converted dir (FileNotFoundError naming
+    ``memorywalker models get NAME`` when it is not converted); the tokenizer defaults to the model dir's."""
+    from memorywalker.modelkit.pretrained import PACKAGED, converted_dir
+
+    if model in PACKAGED and not Path(model).exists():  # a local dir of the same name wins
+        model_dir = converted_dir(model)
+        return model_dir, Path(tokenizer) if tokenizer else model_dir
     if model == "kit":
         from memorywalker.modelkit import default_kit
 

@@ -143,3 +143,23 @@ def test_gap_command_json(recorded, kit, tmp_path):
     assert "by branches B before the call" in " ".join(table.output.split()) and "B=3+" in table.output
     bad = CliRunner().invoke(app, ["gap", "--model", str(kit[1]), "--data", str(data), "--method", "nope"])
     assert bad.exit_code != 0 and "valid" in bad.output
+
+
+def test_against_per_call_equals_the_gap_against_an_independent_plain_forward(recorded, tokenizer):
+    """``against="per-call"`` on the episodes with their rollout logprobs removed (an imported log of
+    another model has none) reports what the recorded ones do: those were written by a plain causal forward
+    of each call's own S_t, the same conditioning; so every metric agrees within fp32 rounding."""
+    model, trajs = recorded
+    bare = [t.model_copy(update={"calls": [c.model_copy(update={"rollout_logprobs": None}) for c in t.calls]})
+            for t in trajs]
+    methods = ["tree-mask", "dfs", "rightmost"]
+    want = gap_report(model, Renderer(tokenizer), trajs, methods, drift=False)
+    got = gap_report(model, Renderer(tokenizer), bare, methods, drift=False, against="per-call")
+    assert got["dfs"]["by_branches"]["1"]["logprob_abs_diff"] > 1e-3  # not vacuous: dfs is off after a branch
+    for m in methods:
+        for view in ("overall", "floor", "heavy"):
+            for k in ("targets", "logprob_abs_diff", "k3_kl"):
+                w, g = want[m][view][k], got[m][view][k]
+                assert (w is None and g is None) or abs(w - g) <= 1e-5, (m, view, k)
+    with pytest.raises(ValueError, match="valid: \\['recorded', 'per-call'\\]"):
+        gap_report(model, Renderer(tokenizer), bare, methods, against="sampler")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
+AGAINST = ("recorded", "per-call")
 
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
     """One row per method: logprob_abs_diff overall, on the floor (0 branches), heavy (2+ branches) and
@@ -33,12 +34,16 @@ def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
 
 
 def gap(
-    model: Path = typer.Option(..., exists=True, file_okay=False, help="Hugging Face causal LM directory."),
+    model: str = typer.Option(..., help="Hugging Face causal LM directory, or a converted packaged model's "
+                                        "name (smollm2-135m: memorywalker models get)."),
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="Trajectory JSONL with rollout logprobs."),
     method: list[str] = typer.Option(None, help="Methods to compare (repeat the option; default: every "
                                                 "registered method but the per-call reference)."),
     tokenizer: Path | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
     drift: bool = typer.Option(True, help="Also compute logit drift (full next-token distributions)."),
+    against: str = typer.Option("recorded", help="recorded: the rollout logprobs in the records | per-call: "
+                                "this model's own logprobs under the context each call received (exact; for "
+                                "logs of another model, e.g. imported harness sessions)."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     rejects: Path | None = typer.Option(None, help="Write rejected lines with their reasons here (JSONL)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -50,7 +55,6 @@ def gap(
     whatever rewrote the history), heavy (2+ branches) and on the floor (calls before any branch).
     --json also buckets by recorded evictions (by_evictions)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memorywalker.engine import METHODS, method_names
     from memorywalker.metrics.gap import gap_report
@@ -61,28 +65,32 @@ def gap(
     unknown = [m for m in method if m not in METHODS]
     if unknown:
         raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
+    if against not in AGAINST:
+        raise typer.BadParameter(f"--against {against!r}; valid: {list(AGAINST)}")
     from memorywalker.train.inputs import FitsModel, model_positions
+    from memorywalker.train.model import load_model
 
-    tok = AutoTokenizer.from_pretrained(tokenizer or model)
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    lm, tok = load_model(model, str(tokenizer) if tokenizer else None, dtype=dtype, device=torch.device("cpu"))
     # Ids the tokenizer does not have, and calls longer than the model's positions: rejected before any forward.
     reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok),
                               check=FitsModel(Renderer(tok), model_positions(model), keep=False))
-    trajs = [t for t in reader if any(c.rollout_logprobs is not None for c in t.calls)]
+    trajs = [t for t in reader if against == "per-call" or any(c.rollout_logprobs is not None for c in t.calls)]
     if per_token and not as_json:
         raise typer.BadParameter("--per-token needs --json")
     tokens: dict | None = {} if per_token else None
     report = gap_report(lm, Renderer(tok), trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty(),
-                        tokens=tokens)
-    out = {"model": str(model), "data": str(data), "read": reader.summary.as_dict(),
+                        tokens=tokens, against=against)
+    out = {"model": str(model), "data": str(data), "against": against, "read": reader.summary.as_dict(),
            "trajectories_with_logprobs": len(trajs), "methods": report}
     if tokens is not None:
         out["tokens"] = tokens
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
-    print_gap_table(report)
-    console.print(f"{reader.summary}; {len(trajs)} with rollout logprobs")
+    print_gap_table(report, "train/rollout gap" if against == "recorded" else
+                    "gap against this model's per-call (exact) logprobs")
+    console.print(f"{reader.summary}; {len(trajs)} " + ("with rollout logprobs" if against == "recorded" else
+                                                        "compared with per-call"))
 
 
 def register(app: typer.Typer) -> None:

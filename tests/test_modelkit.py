@@ -43,3 +43,33 @@ def test_model_build_is_deterministic_in_the_seed(kit, tmp_path):
     c = AutoModelForCausalLM.from_pretrained(build_model(tmp_path / "c", tok_dir, seed=4))
     pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+class _Peeker(torch.nn.Module):
+    """A 'model' whose logits at position i put all mass on input_ids[i+1] (it peeks at the next token),
+    except at positions listed in ``wrong``, where it predicts token 0. Only an alignment test can use it."""
+
+    def __init__(self, wrong: set[int]):
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, input_ids, attention_mask):
+        from types import SimpleNamespace
+
+        nxt = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # [B, L]: the token after each position
+        for i in self.wrong:
+            nxt[:, i] = 0
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, 10).float())
+
+
+def test_copy_accuracy_scores_the_labelled_tokens_by_the_logits_before_them():
+    """Two rows: ids [1..6] with labels on positions 3..5, and [7, 8, 9] (padded to 6) with labels on
+    1..2. The peeker is wrong at logit position 3 (which predicts position 4) and at position 5 (which
+    predicts nothing: the last position). Scored tokens: row 1 positions 3, 4, 5 (predicted by 2, 3,
+    4: right, wrong, right); row 2 positions 1, 2 (predicted by 0, 1: right, right); padding is never
+    scored (row 2's logits at 3 predict a pad). Accuracy = 4 / 5 = 0.8."""
+    from memorywalker.modelkit.pretrain import copy_accuracy
+
+    rows = [([1, 2, 3, 4, 5, 6], [-100, -100, -100, 4, 5, 6]), ([7, 8, 9], [-100, 8, 9])]
+    assert copy_accuracy(_Peeker(wrong={3, 5}), rows) == 0.8
+    assert copy_accuracy(_Peeker(wrong=set()), rows) == 1.0

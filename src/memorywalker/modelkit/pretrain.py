@@ -32,12 +32,21 @@ import os
 import random
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from tqdm import tqdm
 
 COPY_LEN = 32  # tokens of x in each "x x" row
 LM_LEN = 64  # tokens of each corpus window
 SEPARATORS = ("Ċ", ":", ",", "-", "Ġ-")  # byte-level BPE spellings of "\n", ":", ",", "-", " -"
+HELDOUT_ROWS = 64  # copy rows drawn apart from training's, for :func:`copy_accuracy` at the end
+
+
+class Pretrained(NamedTuple):
+    dir: Path
+    losses: list[float]  # every step's loss
+    copy_accuracy: float  # greedy accuracy on held-out copy rows placed as training placed its rows
 
 
 def copy_row(gen: random.Random, vocab: int, separators: list[int], first: int) -> tuple[list[int], list[int]]:
@@ -67,12 +76,49 @@ def _offset(gen: random.Random, row: tuple[list[int], list[int]], stream: list[i
     return prefix + x + gap + x, [-100] * (len(prefix) + COPY_LEN + len(gap)) + x
 
 
+@torch.no_grad()
+def copy_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
+    """Greedy accuracy of ``model`` on the labelled tokens of ``rows`` (teacher-forced, one forward).
+
+    The label at position ``i`` is predicted by the logits at ``i - 1``; rows are right-padded and
+    the padding is masked out. This is what "the model can copy" means here: on a held-out ``x x``
+    row, the fraction of the second copy's tokens whose argmax is the token the first copy shows.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> _ = torch.manual_seed(0)
+    >>> m = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    >>> rows = [copy_row(random.Random(k), 50, [5], first=10) for k in range(4)]
+    >>> 0.0 <= copy_accuracy(m, rows) < 0.2   # a random model guesses about 1 in 50
+    True
+    """
+    was_training = model.training
+    model.eval()
+    ids, labels, mask = _batch(rows)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # [rows, width-1, V]
+    labels = labels[:, 1:]  # the token each position predicts
+    scored = labels != -100
+    hits = (logits.argmax(-1) == labels) & scored
+    model.train(was_training)
+    return hits.sum().item() / max(1, scored.sum().item())
+
+
+def _batch(rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, labels, attention mask) of ``rows``, right-padded: padding is masked, no label."""
+    width = max(len(r[0]) for r in rows)
+    ids = torch.tensor([r[0] + [0] * (width - len(r[0])) for r in rows])
+    labels = torch.tensor([r[1] + [-100] * (width - len(r[1])) for r in rows])
+    mask = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
+    return ids, labels, mask
+
+
 def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: Iterable[str], *, steps: int = 400,
              batch_size: int = 32, lr: float = 1e-3, seed: int = 0, max_offset: int = 0,
-             log=None) -> tuple[Path, list[float]]:
+             log=None, progress: bool = False) -> Pretrained:
     """Train the model in ``model_dir`` on the copy/LM mix; save it (with its tokenizer) to ``out_dir``.
 
-    Returns the directory and the loss of every step. Each step is ``batch_size // 2`` copy rows and as
+    Returns the directory, the loss of every step and the copy accuracy on :data:`HELDOUT_ROWS` rows
+    drawn from a generator of their own (so measuring it changes no training step). Each step is ``batch_size // 2`` copy rows and as
     many corpus windows, AdamW at a constant ``lr``. With ``max_offset`` > 0 each copy row starts after
     a corpus window of 0..``max_offset`` tokens and its two copies are 0..32 random tokens apart, so the
     copying is learned at the positions and distances an agent transcript has, not only in the first
@@ -92,18 +138,19 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     if len(stream) <= LM_LEN:
         raise ValueError(f"pretraining corpus has {len(stream)} tokens; need more than {LM_LEN}")
     gen = random.Random(f"pretrain-{seed}")
+    held = random.Random(f"pretrain-heldout-{seed}")
+    heldout = [copy_row(held, len(tok), separators, first) for _ in range(HELDOUT_ROWS)]
+    if max_offset:
+        heldout = [_offset(held, r, stream, max_offset, len(tok), first) for r in heldout]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
     losses: list[float] = []
     half = batch_size // 2
-    for step in range(steps):
+    for step in tqdm(range(steps), desc="pretrain", unit="step", disable=not progress):
         rows = [copy_row(gen, len(tok), separators, first) for _ in range(half)]
         if max_offset:
             rows = [_offset(gen, r, stream, max_offset, len(tok), first) for r in rows]
         starts = [gen.randrange(len(stream) - LM_LEN) for _ in range(batch_size - half)]
-        width = max(len(r[0]) for r in rows)  # right padding: masked out, no label
-        copy_ids = torch.tensor([r[0] + [0] * (width - len(r[0])) for r in rows])
-        copy_labels = torch.tensor([r[1] + [-100] * (width - len(r[1])) for r in rows])
-        copy_mask = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
+        copy_ids, copy_labels, copy_mask = _batch(rows)
         lm_ids = torch.tensor([stream[s:s + LM_LEN] for s in starts])
         # Two forwards (the rows differ in length); one loss averaged over both halves' targets.
         copy_loss = model(input_ids=copy_ids, attention_mask=copy_mask, labels=copy_labels).loss
@@ -115,7 +162,10 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
         losses.append(loss.item())
         if log is not None and (step % 100 == 0 or step == steps - 1):
             log(f"[pretrain] step {step + 1}/{steps} copy {copy_loss.item():.3f} lm {lm_loss.item():.3f}")
+    accuracy = copy_accuracy(model, heldout)
+    if log is not None:
+        log(f"[pretrain] copy accuracy {accuracy:.3f} on {HELDOUT_ROWS} held-out rows")
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return out, losses
+    return Pretrained(out, losses, accuracy)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from memorywalker.engine.methods import EXACT, get_method, method_names
 from memorywalker.eval.evaluate import heldout
@@ -146,10 +147,10 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
     model_dir = build_model(out / "kit" / "model", tok_dir, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                             num_heads=4, num_kv_heads=2, seed=cfg.seed)
     t0 = time.perf_counter()
-    base_dir, pre_loss = pretrain(model_dir, out / "kit" / "pretrained", corpus, steps=cfg.pretrain_steps,
-                                  max_offset=cfg.pretrain_max_offset, seed=cfg.seed, log=log)
-    log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre_loss[0]:.3f} -> "
-        f"{pre_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
+    pre = pretrain(model_dir, out / "kit" / "pretrained", corpus, steps=cfg.pretrain_steps,
+                   max_offset=cfg.pretrain_max_offset, seed=cfg.seed, log=log, progress=progress)
+    log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre.losses[0]:.3f} -> "
+        f"{pre.losses[-1]:.3f}, copy accuracy {pre.copy_accuracy:.3f} in {time.perf_counter() - t0:.0f}s")
 
     # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
     plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
@@ -169,13 +170,14 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
 
     # --- 3. warm start on the uncompressed episodes (one path each: every method trains the same) --------
     t0 = time.perf_counter()
-    warm = sft.train(sft.SFTConfig(model=str(base_dir), run_dir=str(out / "warm"), method="radix",
+    warm = sft.train(sft.SFTConfig(model=str(pre.dir), run_dir=str(out / "warm"), method="radix",
                                    steps=cfg.warm_steps, batch_size=cfg.sft_batch, lr=cfg.warm_lr, warmup_steps=10,
                                    max_tokens=cfg.max_tokens, save_every=cfg.warm_steps, seed=cfg.seed),
                      trajectories=plain, progress=progress)
     warm_loss = [float(m["loss"]) for m in warm.metrics]
     log(f"[warm] loss {warm_loss[0]:.3f} -> {warm_loss[-1]:.3f} in {time.perf_counter() - t0:.0f}s")
-    return {"pretrain_loss": [pre_loss[0], pre_loss[-1]], "warm_loss": [warm_loss[0], warm_loss[-1]],
+    return {"pretrain_loss": [pre.losses[0], pre.losses[-1]], "pretrain_copy_accuracy": pre.copy_accuracy,
+            "warm_loss": [warm_loss[0], warm_loss[-1]],
             "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)],
             "warm_dir": str(warm.final_dir)}
 
@@ -189,9 +191,13 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     # --- 4-6. per method: SFT on compressed episodes, evaluate, GRPO, evaluate (side by side) -------------
     jobs = [MethodJob(cfg, str(out), method, prep["warm_dir"]) for method in cfg.methods]
     results: dict[str, dict] = {}
+    bar = tqdm(total=len(jobs), desc=f"methods ({cfg.workers} at a time: SFT, eval, GRPO, eval)", unit="method",
+               disable=not progress)
     for job, (res, line) in zip(jobs, map_jobs(jobs, cfg.workers), strict=True):
         results[job.method] = res
+        bar.update()
         log(line)
+    bar.close()
 
     doc = {"config": asdict(cfg), **{k: v for k, v in prep.items() if k != "warm_dir"}, "methods": results}
     doc["summary"] = summarize(doc)

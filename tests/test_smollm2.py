@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -131,7 +129,10 @@ def test_exact_methods_equal_plain_forwards_on_a_real_session(smollm, real_case,
 
 
 def test_models_cli_refuses_an_unknown_name_in_one_line():
-    r = subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "models", "get", "nope"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2
-    assert r.stderr.strip() == "memorywalker models: error: unknown model 'nope'; valid: ['smollm2-135m']"
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    r = CliRunner().invoke(app, ["models", "get", "nope"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == "memorywalker models: error: unknown model 'nope'; valid: ['smollm2-135m']"

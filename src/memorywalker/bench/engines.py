@@ -79,9 +79,9 @@ def load_bench_model(*, model_dir: Path | None, shape: str | None, arch: str, ov
     if model_dir is not None:
         if shape or fields:
             raise ValueError("--model takes the model as it is: no --shape or shape flags with it")
-        from memorywalker.train.model import resolve_dirs
+        from memorywalker.modelkit.pretrained import model_path
 
-        model_dir, _ = resolve_dirs(str(model_dir))  # a packaged model's name (smollm2-135m) is its converted dir
+        model_dir = model_path(str(model_dir))  # a packaged model's name (smollm2-135m) is its converted dir
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), model_dir
     tok_dir, kit_model = default_kit(arch=arch)
     if shape is None and not fields:

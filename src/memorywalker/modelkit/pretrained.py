@@ -128,6 +128,14 @@ def converted_dir(name: str) -> Path:
     return out
 
 
+def model_path(model: str) -> Path:
+    """The directory ``model`` names: a :data:`PACKAGED` name is its converted dir (:func:`converted_dir`),
+    unless a local dir of that name exists, which wins; anything else is a path as given."""
+    if model in PACKAGED and not Path(model).exists():
+        return converted_dir(model)
+    return Path(model)
+
+
 def get(name: str, out: str | os.PathLike | None = None, *, force: bool = False) -> tuple[Path, dict, bool]:
     """Convert ``name``'s packaged file into an HF dir at ``out`` (default :func:`models_dir` / name) once.
 

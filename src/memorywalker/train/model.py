@@ -12,17 +12,15 @@ def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
     """``(model_dir, tokenizer_dir)``: ``kit`` builds (once) and uses :func:`~memorywalker.modelkit.default_kit`;
     a :data:`~memorywalker.modelkit.pretrained.PACKAGED` name is its converted dir (FileNotFoundError naming
     ``memorywalker models get NAME`` when it is not converted); the tokenizer defaults to the model dir's."""
-    from memorywalker.modelkit.pretrained import PACKAGED, converted_dir
+    from memorywalker.modelkit.pretrained import model_path
 
-    if model in PACKAGED and not Path(model).exists():  # a local dir of the same name wins
-        model_dir = converted_dir(model)
-        return model_dir, Path(tokenizer) if tokenizer else model_dir
     if model == "kit":
         from memorywalker.modelkit import default_kit
 
         tok_dir, model_dir = default_kit()
         return model_dir, Path(tokenizer) if tokenizer else tok_dir
-    return Path(model), Path(tokenizer or model)
+    model_dir = model_path(model)  # a packaged name (smollm2-135m) is its converted dir
+    return model_dir, Path(tokenizer) if tokenizer else model_dir
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None):

@@ -49,7 +49,14 @@ def _recording(cls):
 @pytest.mark.parametrize("method", ["radix", "tree-mask"])
 def test_trl_sft_trainer_matches_memorywalker_sft(kit, tmp_path, method):
     """4 compacted trajectories, batch 4, 3 steps of AdamW (lr 1e-3, betas 0.9/0.95, clip 1.0, constant
-    schedule): TRL's loss at every step within 1e-5 of `memorywalker sft`'s, final weights within 1e-5."""
+    schedule): TRL's loss at every step within 1e-5 of `memorywalker sft`'s, final weights within 3e-5.
+
+    The weights' tolerance is measured, not guessed: on the project's machine of 2026-12-03 (AMD EPYC,
+    torch 2.13.0+cpu, trl 1.16.0) tree-mask's final weights differ by up to 1.17e-5 with every loss
+    within 1e-5 (the landed code gave the same, so it is the machine's rounding, not a change). AdamW
+    divides each update by sqrt(v), so two fp32 paths whose gradients differ by rounding can move a
+    weight by different fractions of lr (1e-3 here); a wrong normalization or mask changes the losses,
+    which stay checked at 1e-5."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,7 +80,7 @@ def test_trl_sft_trainer_matches_memorywalker_sft(kit, tmp_path, method):
     assert max(abs(a - b) for a, b in zip(trainer.losses, want, strict=True)) <= 1e-5, (trainer.losses, want)
     final = load_file(ours.final_dir / "model.safetensors")
     trl_state = trainer.model.state_dict()
-    assert max((trl_state[k].float() - v.float()).abs().max().item() for k, v in final.items()) <= 1e-5
+    assert max((trl_state[k].float() - v.float()).abs().max().item() for k, v in final.items()) <= 3e-5
     assert want[0] != want[-1]  # the weights moved
 
 

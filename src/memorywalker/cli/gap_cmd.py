@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
-AGAINST = ("recorded", "per-call")
 
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
     """One row per method: logprob_abs_diff overall, on the floor (0 branches), heavy (2+ branches) and
@@ -57,7 +56,7 @@ def gap(
     import torch
 
     from memorywalker.engine import METHODS, method_names
-    from memorywalker.metrics.gap import gap_report
+    from memorywalker.metrics.gap import AGAINST, gap_report
     from memorywalker.records import TrajectoryReader
     from memorywalker.render import Renderer
 

@@ -161,6 +161,9 @@ def sampling_temperature(traj: Trajectory) -> float:
     return float(t) if isinstance(t, int | float) and t > 0 else 1.0
 
 
+AGAINST = ("recorded", "per-call")  # what gap_report compares the methods' logprobs with
+
+
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
                drift: bool = True, progress: bool = False, tokens: dict | None = None,
                against: str = "recorded") -> dict:
@@ -185,8 +188,8 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     ``tokens[trajectory_id][call_id] = {"offset": [index of the target in S_t], "rollout": [...],
     "logprob": {method: [...]}}``, None where a value is absent (a lost target, no recorded logprob).
     """
-    if against not in ("recorded", "per-call"):
-        raise ValueError(f"against={against!r}; valid: ['recorded', 'per-call']")
+    if against not in AGAINST:
+        raise ValueError(f"against={against!r}; valid: {list(AGAINST)}")
     model.eval()
     head = OutputHead.of(model)
     full_view = needs_full_view(methods)

@@ -63,6 +63,26 @@ def test_loss_falls_on_a_memorizable_set(kit, tmp_path):
 PINNED_CURVE = [6.6749, 6.3833, 6.0673, 5.7281, 5.4622, 5.2408, 4.9685, 4.7212]
 
 
+def test_until_ends_the_run_at_the_first_checkpoint_it_accepts(kit, tmp_path):
+    """steps=6, save_every=2, ``until`` true from step 4: it is asked at steps 2 and 4, the run ends at 4
+    (4 metric rows, ``steps`` 4 in the result and in final/), and the final weights are bitwise those of a
+    run of steps=4 (the lr is constant after warmup, so stopping early is that run)."""
+    asked = []
+
+    def until(model, step):
+        asked.append(step)
+        return step >= 4
+
+    result = train(config(kit, tmp_path / "until", steps=6, save_every=2, batch_size=2, lr=1e-3),
+                   trajectories=episodes(4), progress=False, until=until)
+    assert asked == [2, 4] and result.steps == 4 and len(result.metrics) == 4
+    assert json.loads((tmp_path / "until" / "final" / "memorywalker.json").read_text())["steps"] == 4
+    train(config(kit, tmp_path / "four", steps=4, save_every=2, batch_size=2, lr=1e-3), trajectories=episodes(4),
+          progress=False)
+    a, b = weights(tmp_path / "until"), weights(tmp_path / "four")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 # --- same update: 1 micro-batch, 2 micro-batches, 2 data-parallel ranks ---------------------------------
 
 SAME_UPDATE = dict(steps=1, batch_size=4, lr=1e-2, adam_eps=1e-4)

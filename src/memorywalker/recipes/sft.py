@@ -19,6 +19,7 @@ Programmatic use (what ``memorywalker demo`` does)::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -64,14 +65,20 @@ class SFTConfig(TrainConfig):
     run_dir: str = "runs/sft"
 
 
-def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True) -> TrainResult:
+def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progress: bool = True,
+          until: Callable[[torch.nn.Module, int], bool] | None = None) -> TrainResult:
     """Run the recipe on ``cfg.data``, or on ``trajectories`` when given. The run dir is this process's
-    until the run ends (a second process on it is refused)."""
+    until the run ends (a second process on it is refused).
+
+    ``until(model, step)``, when given, is called after each checkpoint (every ``save_every`` steps and
+    the last); when it returns True the run ends there, ``steps`` being the cap: what the demo's warm start uses
+    to train until its copy check passes. Single process only (one rank decides for all)."""
     with owned_run_dir(cfg, "sft"):
-        return _train(cfg, trajectories=trajectories, progress=progress)
+        return _train(cfg, trajectories=trajectories, progress=progress, until=until)
 
 
-def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: bool) -> TrainResult:
+def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: bool,
+           until: Callable[[torch.nn.Module, int], bool] | None = None) -> TrainResult:
 
     # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
     info = init_distributed(cfg.collective_timeout)
@@ -116,7 +123,10 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
                            wandb=wandb_options(cfg))
 
     # --- loop -------------------------------------------------------------------------------------------
+    if until is not None and info.world_size > 1:
+        raise ValueError("sft: until= runs in one process (each rank would decide alone)")
     history: list[dict] = []
+    done = cfg.steps
     bar = tqdm(total=cfg.steps, initial=start, desc=f"sft {cfg.method}", unit="step",
                disable=not (progress and info.is_main))
     for step in range(start, cfg.steps):
@@ -142,11 +152,14 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
             save_step(run_dir, step + 1, model, optimizer, {  # fsdp: sharded (DCP) on every rank
                 "data_position": (step + 1) * cfg.batch_size, "num_trajectories": len(data), "inputs": inputs},
                 keep=cfg.keep_checkpoints, info=info)
+            if until is not None and until(model, step + 1):
+                done = step + 1
+                break
     bar.close()
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    save_model(run_dir, model, tokenizer, {"recipe": "sft", "steps": cfg.steps}, info)  # fsdp: consolidated
+    save_model(run_dir, model, tokenizer, {"recipe": "sft", "steps": done}, info)  # fsdp: consolidated
     if info.is_main:
         final = run_dir / "final"
         if is_adapted(model):
@@ -156,7 +169,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
                                 inputs=[cfg.data] if cfg.data else [], records=record_rows(trajectories),
                                 target_rule={"truncated": cfg.truncated, "selected": "selected calls' responses"})
     barrier()
-    return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
+    return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=done, metrics=history)
 
 
 if __name__ == "__main__":  # torchrun / accelerate launch -m memorywalker.recipes.sft ...

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from memorywalker.metrics.report import REFERENCE, readme_table, results_table
-from memorywalker.recipes.demo import METHODS, QUICK, run_demo, summary_call_records
+from memorywalker.recipes.demo import METHODS, QUICK, copy_check, run_demo, summary_call_records
 from memorywalker.records import check_trajectory
 from memorywalker.rollout import HarnessConfig, rollout
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
 
 TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, warm_episodes=8, warm_summaries=2, warm_steps=2,
+               warm_check_every=1, warm_check_episodes=2,
                sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_turns=3,
                max_new_tokens=24, methods=("radix", *METHODS))
 
@@ -115,3 +119,41 @@ def test_summary_call_records_are_the_summarization_calls_as_delivered(tokenizer
             assert len(rec.calls) == 1 and not rec.evictions and rec.lineage.parent == t.id
             one = renderer.render(rec).calls[0]
             assert one.targets and (one.tokens, one.targets) == (whole.calls[i].tokens, whole.calls[i].targets)
+
+
+class _Predicts(torch.nn.Module):
+    """Logits that put all mass on ``pick(input_ids)[i]`` at position ``i`` (a stand-in model)."""
+
+    def __init__(self, vocab: int, pick):
+        super().__init__()
+        self.vocab, self.pick = vocab, pick
+
+    def forward(self, input_ids):
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(self.pick(input_ids), self.vocab).float())
+
+
+def test_copy_check_scores_the_code_tokens_of_the_responses(tmp_path):
+    """On two expert episodes (uncompressed, recall-2), with a tokenizer that keeps the codes whole: a model
+    that predicts each next token exactly scores 1; one that repeats the current token scores 0 (a code
+    never follows itself); one that always says the first code written scores the share of that code
+    among the code words of the responses (their text and tool-call arguments; no tokens involved)."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.modelkit import build_tokenizer, bundled_corpus
+    from memorywalker.rollout.vault import CODES
+
+    env = VaultEnv(0)
+    tok = AutoTokenizer.from_pretrained(build_tokenizer(tmp_path / "tok", bundled_corpus() + env.corpus()))
+    episodes, _ = rollout(env, VaultExpert(), tok, HarnessConfig("none"), suite="recall-2", n=2, seed=0, split="test")
+    responses = [t.message_table()[c.response] for t in episodes for c in t.calls]
+    text = " ".join(m.content + " ".join(json.dumps(tc.arguments) for tc in m.tool_calls) for m in responses)
+    said = [w for w in re.findall(r"\w+", text) if w in CODES]
+    code = said[0]
+    (one,) = tok(" " + code, add_special_tokens=False)["input_ids"]
+    V = len(tok)
+    oracle = _Predicts(V, lambda ids: torch.cat([ids[:, 1:], ids[:, -1:]], 1))
+    same = _Predicts(V, lambda ids: ids)
+    constant = _Predicts(V, lambda ids: torch.full_like(ids, one))
+    assert copy_check(oracle, tok, episodes) == 1.0
+    assert copy_check(same, tok, episodes) == 0.0
+    assert len(said) >= 4 and copy_check(constant, tok, episodes) == pytest.approx(said.count(code) / len(said))

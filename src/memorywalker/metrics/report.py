@@ -43,6 +43,51 @@ def summarize(doc: dict) -> dict:
 
 
 
+CLAIM_HARNESS = "claude-code"  # the summarizing harness, where conditioning on unseen text costs most
+
+
+def claims(doc: dict) -> list[dict]:
+    """The demo's conclusions, each checked on this run: ``{"claim", "holds", "evidence"}``.
+
+    * the warm start copies (its last copy check reached ``warm_copy_target``): without it the model
+      cannot carry a code and nothing below is about conditioning;
+    * under ``claude-code`` after SFT, ``tree-mask`` above ``dfs`` and above ``rightmost``: the paired
+      interval of (method − tree-mask) lies below 0;
+    * RL − SFT for ``tree-mask`` under ``claude-code`` is ≥ 0 (its mean).
+
+    >>> doc = {"config": {"warm_copy_target": 0.9}, "warm_copy_checks": [[100, 0.5], [200, 0.95]],
+    ...        "summary": {"claude-code": {"tree-mask": {"rl_minus_sft": (0.05, -0.02, 0.1)},
+    ...                                    "dfs": {"sft_vs_tree-mask": (-0.4, -0.5, -0.3)}}}}
+    >>> [(c["holds"], c["evidence"]) for c in claims(doc)]
+    [(True, 'copy accuracy 0.950 at step 200 (target 0.90)'), (True, 'dfs − tree-mask -0.400 [-0.500, -0.300]'), (True, 'RL − SFT +0.050 [-0.020, +0.100]')]
+    """
+    out = []
+    checks = doc.get("warm_copy_checks") or []
+    if checks:
+        step, acc = checks[-1]
+        target = doc["config"]["warm_copy_target"]
+        out.append({"claim": "the warm start copies codes", "holds": acc >= target,
+                    "evidence": f"copy accuracy {acc:.3f} at step {step} (target {target:.2f})"})
+    rows = doc["summary"].get(CLAIM_HARNESS, {})
+    for m in ("dfs", "rightmost"):
+        if m in rows and f"sft_vs_{REFERENCE}" in rows[m]:
+            d = rows[m][f"sft_vs_{REFERENCE}"]
+            out.append({"claim": f"`{REFERENCE}` above `{m}` after SFT under `{CLAIM_HARNESS}`", "holds": d[2] < 0,
+                        "evidence": f"{m} − {REFERENCE} {_ci(d)}"})
+    if REFERENCE in rows:
+        d = rows[REFERENCE]["rl_minus_sft"]
+        out.append({"claim": f"RL − SFT ≥ 0 for `{REFERENCE}` under `{CLAIM_HARNESS}`", "holds": d[0] >= 0,
+                    "evidence": f"RL − SFT {_ci(d)}"})
+    return out
+
+
+def claims_table(doc: dict) -> str:
+    """:func:`claims` as a Markdown table."""
+    return markdown_table(["conclusion", "this run", "evidence"],
+                          [[c["claim"], "holds" if c["holds"] else "**does not hold**", c["evidence"]]
+                           for c in claims(doc)])
+
+
 def number(v) -> float:
     if v is None:
         return float("nan")
@@ -77,8 +122,10 @@ def mean_sd(values) -> tuple[float, float]:
 
 
 def results_table(doc: dict) -> str:
-    """The demo's tables in Markdown (what ``DIR/table.md`` holds and the README quotes verbatim)."""
+    """The demo's tables in Markdown (what ``DIR/table.md`` holds and the README quotes)."""
     out = []
+    if claims(doc):
+        out.append("Conclusions, checked on this run:\n\n" + claims_table(doc))
     for h, rows in doc["summary"].items():
         head = ["method", "reward after SFT", "after RL", "RL − SFT (paired)", f"SFT − {REFERENCE}",
                 f"RL − {REFERENCE}"]
@@ -225,10 +272,6 @@ def seeds_table(doc: dict) -> str:
         out.append(f"Held-out reward under `{h}` (mean over the held-out tasks per seed; mean ± sd over seeds "
                    f"{doc['seeds']}):\n\n" + markdown_table(head, body))
     return "\n\n".join(out)
-
-
-README_BEGIN = "<!-- demo-table:{name} begin -->"
-README_END = "<!-- demo-table:{name} end -->"
 
 
 def readme_table(readme: str, name: str) -> str:

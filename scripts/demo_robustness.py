@@ -1,0 +1,92 @@
+"""Do the demo's conclusions hold on every seed and thread count? Run it and check each one.
+
+    python scripts/demo_robustness.py --seeds 0,1,2,3,4 --threads default,1 --out runs/robustness [--size reduced]
+
+Each (seed, threads) is a separate ``memorywalker demo`` run in its own process, one after another
+(per seed, each thread setting);
+``threads=1`` sets ``OMP_NUM_THREADS=1`` (and MKL's) for the whole run, ``default`` leaves the machine's
+(the method jobs run with one torch thread each in both: ``recipes/demo.py``). What differs between the
+two is stages 1-3 (kit, pretraining, warm start), where a different reduction order changes the
+floating-point trajectory. Per run: the pretraining's and the warm start's copy accuracy and every
+conclusion :func:`memorywalker.metrics.report.claims` checks. Writes ``OUT/robustness.md`` (one row per
+run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); exits 1 when any conclusion fails in any run.
+
+``--size full`` is ``memorywalker demo`` itself (what the README's command 1 runs); ``reduced`` is the
+same pipeline at the smaller sizes below, for a check that fits in a test session; ``quick`` is
+``memorywalker demo --quick`` (8 held-out tasks: its intervals are too wide for the conclusions, so it is
+a smoke run, not a check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from memorywalker.metrics.report import claims, markdown_table
+from memorywalker.recipes.demo import FULL, QUICK, DemoConfig
+
+REDUCED = replace(FULL, warm_episodes=1200, warm_summaries=600, sft_episodes=240, sft_steps=40, rl_steps=6,
+                  rl_prompts=6, eval_tasks=48)
+SIZES = {"full": FULL, "reduced": REDUCED, "quick": QUICK}
+
+
+def run_one(cfg: DemoConfig, out: Path, threads: str) -> dict:
+    """One demo run in a fresh process (thread settings apply from its start); returns its results."""
+    env = dict(os.environ)
+    if threads != "default":
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    code = ("import json, sys; from memorywalker.recipes.demo import DemoConfig, run_demo; "
+            "cfg = DemoConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}); "
+            "run_demo(cfg, sys.argv[2], progress=False)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(asdict(cfg)), str(out)], env=env, check=True)
+    return json.loads((out / "results.json").read_text())
+
+
+def row(seed: int, threads: str, doc: dict) -> dict:
+    return {"seed": seed, "threads": threads, "seconds": doc["seconds_total"],
+            "pretrain_copy_accuracy": doc["pretrain_copy_accuracy"], "warm_steps": doc["warm_steps"],
+            "claims": claims(doc)}
+
+
+def table(rows: list[dict]) -> str:
+    names = [c["claim"] for c in rows[0]["claims"]]
+    head = ["seed", "threads", "pretraining copy acc.", "warm steps", *names, "wall"]
+    body = [[str(r["seed"]), r["threads"], f"{r['pretrain_copy_accuracy']:.3f}", str(r["warm_steps"]),
+             *(("holds: " if c["holds"] else "**fails**: ") + c["evidence"] for c in r["claims"]),
+             f"{r['seconds'] / 60:.1f} min"] for r in rows]
+    held = sum(all(c["holds"] for c in r["claims"]) for r in rows)
+    return markdown_table(head, body) + f"\n\nEvery conclusion holds in {held} of {len(rows)} runs."
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--threads", default="default,1", help="comma-separated: default and/or thread counts")
+    p.add_argument("--size", choices=sorted(SIZES), default="reduced")
+    p.add_argument("--out", type=Path, default=Path("runs/robustness"))
+    a = p.parse_args(argv)
+    rows = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    for seed in (int(s) for s in a.seeds.split(",")):
+        for threads in a.threads.split(","):
+            out = a.out / f"seed-{seed}-threads-{threads}"
+            t0 = time.perf_counter()
+            doc = run_one(replace(SIZES[a.size], seed=seed), out, threads)
+            rows.append(row(seed, threads, doc))
+            verdict = ", ".join(("holds" if c["holds"] else "FAILS") for c in rows[-1]["claims"])
+            print(f"seed {seed} threads {threads}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            # after every run, so an interrupted sweep keeps what it measured
+            (a.out / "robustness.json").write_text(json.dumps({"size": a.size, "runs": rows}, indent=2))
+            (a.out / "robustness.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0 if all(c["holds"] for r in rows for c in r["claims"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

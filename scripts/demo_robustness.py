@@ -9,7 +9,8 @@ Each (seed, threads) is a separate ``memorywalker demo`` run in its own process,
 two is stages 1-3 (kit, pretraining, warm start), where a different reduction order changes the
 floating-point trajectory. Per run: the pretraining's and the warm start's copy accuracy and every
 conclusion :func:`memorywalker.metrics.report.claims` checks. Writes ``OUT/robustness.md`` (one row per
-run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); exits 1 when any conclusion fails in any run.
+run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); a run whose ``results.json`` is already in ``OUT``
+with the same configuration is read, not run again. Exits 1 when any conclusion fails in any run.
 
 ``--size full`` is ``memorywalker demo`` itself (what the README's command 1 runs); ``reduced`` is the
 same pipeline at the smaller sizes below, for a check that fits in a test session; ``quick`` is
@@ -77,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         for threads in a.threads.split(","):
             out = a.out / f"seed-{seed}-threads-{threads}"
             t0 = time.perf_counter()
-            doc = run_one(replace(SIZES[a.size], seed=seed), out, threads)
+            cfg = replace(SIZES[a.size], seed=seed)
+            if (out / "results.json").exists() and json.loads((out / "results.json").read_text())["config"] == \
+                    json.loads(json.dumps(asdict(cfg))):
+                doc = json.loads((out / "results.json").read_text())  # this run, done before: not run again
+            else:
+                doc = run_one(cfg, out, threads)
             rows.append(row(seed, threads, doc))
             verdict = ", ".join(("holds" if c["holds"] else "FAILS") for c in rows[-1]["claims"])
             print(f"seed {seed} threads {threads}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)

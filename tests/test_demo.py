@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memorywalker.metrics.report import REFERENCE, readme_table, results_table
+from memorywalker.metrics.report import REFERENCE, claims, readme_differences, readme_table, results_table
 from memorywalker.recipes.demo import METHODS, QUICK, copy_check, run_demo, summary_call_records
 from memorywalker.records import check_trajectory
 from memorywalker.rollout import HarnessConfig, rollout
@@ -94,6 +94,26 @@ def test_methods_side_by_side_give_the_numbers_of_one_process(demo, tmp_path):
     for m in ("tree-mask", "sdcc"):
         for key in ("sft", "rl", "sft_loss", "rl_steps"):
             assert json.dumps(alone["methods"][m][key]) == json.dumps(doc["methods"][m][key]), (m, key)
+
+
+def test_readme_comparison_reads_conclusions_and_means_back_from_the_table(demo):
+    """A run agrees with its own table; moving one mean by 0.2 (tolerance 0.15) or flipping one verdict in
+    the quoted text is each reported once, naming what differs."""
+    _, doc = demo
+    table = results_table(doc)
+    assert readme_differences(table, doc) == []
+    h, m = TINY.harnesses[0], REFERENCE
+    mean = doc["summary"][h][m]["sft"][0]
+    row = next(line for line in table.splitlines() if line.startswith(f"| `{m}` | {mean:.3f}"))
+    moved = table.replace(row, row.replace(f"| `{m}` | {mean:.3f}", f"| `{m}` | {mean + 0.2:.3f}", 1), 1)
+    assert readme_differences(moved, doc) == [
+        f"{h}, {m} after SFT: {mean:.3f} here, {mean + 0.2:.3f} in the README (tolerance 0.15)"]
+    first = claims(doc)[0]
+    verdict = "holds" if first["holds"] else "**does not hold**"
+    other = "**does not hold**" if first["holds"] else "holds"
+    flipped = table.replace(f"| {first['claim']} | {verdict} |", f"| {first['claim']} | {other} |", 1)
+    (diff,) = readme_differences(flipped, doc)
+    assert diff.startswith(first["claim"] + ": ")
 
 
 def test_readme_table_block_is_found_and_compared_verbatim():

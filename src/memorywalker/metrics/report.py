@@ -274,6 +274,49 @@ def seeds_table(doc: dict) -> str:
     return "\n\n".join(out)
 
 
+READ_TOLERANCE = 0.15  # |this run's mean reward − the README's|, per method, harness and stage (docs/demo-robustness.md)
+
+
+def readme_differences(quoted: str, doc: dict, tolerance: float = READ_TOLERANCE) -> list[str]:
+    """How this run disagrees with a README's demo table (``quoted``): a conclusion whose verdict differs
+    (or that the README lacks), and a mean held-out reward more than ``tolerance`` from the README's.
+    Empty when they agree. Another machine or thread count rounds differently, so bytes are not compared.
+    """
+    verdicts = {}
+    rewards: dict[tuple[str, str], list[float]] = {}
+    harness = None
+    for line in quoted.splitlines():
+        if line.startswith("Held-out reward under `"):
+            harness = line.split("`")[1]
+        elif not line.startswith("| ") or line.startswith("| method") or line.startswith("| conclusion"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in ("holds", "**does not hold**"):
+            verdicts[cells[0]] = cells[1] == "holds"
+        elif harness is not None and cells[0].startswith("`") and len(cells) >= 3:
+            try:
+                rewards[(harness, cells[0].strip("`"))] = [float(c.split()[0]) for c in cells[1:3]]
+            except ValueError:
+                continue  # not a reward row (the gap and SDCC tables follow the reward tables)
+    out = []
+    for c in claims(doc):
+        if c["claim"] not in verdicts:
+            out.append(f"{c['claim']}: not stated in the README")
+        elif verdicts[c["claim"]] != c["holds"]:
+            out.append(f"{c['claim']}: {'holds' if c['holds'] else 'does not hold'} here, "
+                       f"{'holds' if verdicts[c['claim']] else 'does not hold'} in the README")
+    for h in doc["config"]["harnesses"]:
+        for m, row in doc["summary"][h].items():
+            if (h, m) not in rewards:
+                out.append(f"{h}, {m}: no reward row in the README")
+                continue
+            for stage, name, theirs in zip(("sft", "rl"), ("SFT", "RL"), rewards[(h, m)], strict=True):
+                if abs(row[stage][0] - theirs) > tolerance:
+                    out.append(f"{h}, {m} after {name}: {row[stage][0]:.3f} here, {theirs:.3f} in the README "
+                               f"(tolerance {tolerance:.2f})")
+    return out
+
+
 def readme_table(readme: str, name: str) -> str:
     """The table the README quotes between its ``demo-table:NAME`` markers (``full`` or ``quick``)."""
     begin, end = README_BEGIN.format(name=name), README_END.format(name=name)

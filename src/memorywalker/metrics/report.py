@@ -68,8 +68,10 @@ def claims(doc: dict) -> list[dict]:
         target = doc["config"]["warm_copy_target"]
         out.append({"claim": "the warm start copies codes", "holds": acc >= target,
                     "evidence": f"copy accuracy {acc:.3f} at step {step} (target {target:.2f})"})
+    from memorywalker.engine.methods import NAIVE, get_method, method_names
+
     rows = doc["summary"].get(CLAIM_HARNESS, {})
-    for m in ("dfs", "rightmost"):
+    for m in (m for m in method_names(reference=False) if get_method(m).exactness == NAIVE):  # dfs, rightmost
         if m in rows and f"sft_vs_{REFERENCE}" in rows[m]:
             d = rows[m][f"sft_vs_{REFERENCE}"]
             out.append({"claim": f"`{REFERENCE}` above `{m}` after SFT under `{CLAIM_HARNESS}`", "holds": d[2] < 0,

@@ -114,6 +114,12 @@ def test_readme_comparison_reads_conclusions_and_means_back_from_the_table(demo)
     flipped = table.replace(f"| {first['claim']} | {verdict} |", f"| {first['claim']} | {other} |", 1)
     (diff,) = readme_differences(flipped, doc)
     assert diff.startswith(first["claim"] + ": ")
+    # Without the second harness's reward table, each of its methods is reported as missing.
+    blocks = table.split("\n\n")
+    h2 = TINY.harnesses[1]
+    start = blocks.index(next(b for b in blocks if b.startswith(f"Held-out reward under `{h2}`")))
+    cut = "\n\n".join(blocks[:start] + blocks[start + 2:])
+    assert readme_differences(cut, doc) == [f"{h2}, {m}: no reward row in the README" for m in doc["summary"][h2]]
 
 
 def test_readme_table_block_is_found_and_compared_verbatim():

@@ -290,7 +290,9 @@ def readme_differences(quoted: str, doc: dict, tolerance: float = READ_TOLERANCE
     for line in quoted.splitlines():
         if line.startswith("Held-out reward under `"):
             harness = line.split("`")[1]
-        elif not line.startswith("| ") or line.startswith("| method") or line.startswith("| conclusion"):
+        elif line.strip() and not line.startswith("|"):
+            harness = None  # another table's heading (the gap, SDCC): its rows are not rewards
+        if not line.startswith("| ") or line.startswith("| method") or line.startswith("| conclusion"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and cells[1] in ("holds", "**does not hold**"):

@@ -1,19 +1,19 @@
 """Do the demo's conclusions hold on every seed and thread count? Run it and check each one.
 
-    python scripts/demo_robustness.py --seeds 0,1,2,3,4 --threads default,1 --out runs/robustness [--size reduced]
+    python scripts/demo_robustness.py --seeds 0,1,2,3,4 --threads default,1 --out runs/robustness [--size full|reduced|quick]
 
-Each (seed, threads) is a separate ``memorywalker demo`` run in its own process, one after another
-(per seed, each thread setting);
-``threads=1`` sets ``OMP_NUM_THREADS=1`` (and MKL's) for the whole run, ``default`` leaves the machine's
+Each (seed, threads) is a separate ``memorywalker demo`` run in its own process, one after another (per
+seed, each thread setting); ``threads=1`` sets ``OMP_NUM_THREADS=1`` (and MKL's) for the whole run, ``default`` leaves the machine's
 (the method jobs run with one torch thread each in both: ``recipes/demo.py``). What differs between the
 two is stages 1-3 (kit, pretraining, warm start), where a different reduction order changes the
 floating-point trajectory. Per run: the pretraining's and the warm start's copy accuracy and every
 conclusion :func:`memorywalker.metrics.report.claims` checks. Writes ``OUT/robustness.md`` (one row per
-run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); a run whose ``results.json`` is already in ``OUT``
-with the same configuration is read, not run again. Exits 1 when any conclusion fails in any run.
+run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); a run whose
+``results.json`` is already in ``OUT`` with the same configuration is read, not run again. Exits 1 when any conclusion fails in any run.
 
 ``--size full`` is ``memorywalker demo`` itself (what the README's command 1 runs); ``reduced`` is the
-same pipeline at the smaller sizes below, for a check that fits in a test session; ``quick`` is
+same pipeline at the smaller sizes below, for a shorter check (not run yet: docs/demo-robustness.md has
+full-size runs only); ``quick`` is
 ``memorywalker demo --quick`` (8 held-out tasks: its intervals are too wide for the conclusions, so it is
 a smoke run, not a check).
 """
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--threads", default="default,1", help="comma-separated: default and/or thread counts")
-    p.add_argument("--size", choices=sorted(SIZES), default="reduced")
+    p.add_argument("--size", choices=sorted(SIZES), default="full")
     p.add_argument("--out", type=Path, default=Path("runs/robustness"))
     a = p.parse_args(argv)
     rows = []
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             out = a.out / f"seed-{seed}-threads-{threads}"
             t0 = time.perf_counter()
             cfg = replace(SIZES[a.size], seed=seed)
-            if (out / "results.json").exists() and json.loads((out / "results.json").read_text())["config"] == \
-                    json.loads(json.dumps(asdict(cfg))):
-                doc = json.loads((out / "results.json").read_text())  # this run, done before: not run again
+            done = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+            if done is not None and done["config"] == json.loads(json.dumps(asdict(cfg))):
+                doc = done  # this run, done before: not run again
             else:
                 doc = run_one(cfg, out, threads)
             rows.append(row(seed, threads, doc))

@@ -42,8 +42,8 @@ def summarize(doc: dict) -> dict:
     return out
 
 
-
 CLAIM_HARNESS = "claude-code"  # the summarizing harness, where conditioning on unseen text costs most
+VERDICT = {True: "holds", False: "**does not hold**"}  # a conclusion's cell in the table (and read back)
 
 
 def claims(doc: dict) -> list[dict]:
@@ -61,6 +61,8 @@ def claims(doc: dict) -> list[dict]:
     >>> [(c["holds"], c["evidence"]) for c in claims(doc)]
     [(True, 'copy accuracy 0.950 at step 200 (target 0.90)'), (True, 'dfs − tree-mask -0.400 [-0.500, -0.300]'), (True, 'RL − SFT +0.050 [-0.020, +0.100]')]
     """
+    from memorywalker.engine.methods import NAIVE, get_method, method_names
+
     out = []
     checks = doc.get("warm_copy_checks") or []
     if checks:
@@ -68,8 +70,6 @@ def claims(doc: dict) -> list[dict]:
         target = doc["config"]["warm_copy_target"]
         out.append({"claim": "the warm start copies codes", "holds": acc >= target,
                     "evidence": f"copy accuracy {acc:.3f} at step {step} (target {target:.2f})"})
-    from memorywalker.engine.methods import NAIVE, get_method, method_names
-
     rows = doc["summary"].get(CLAIM_HARNESS, {})
     for m in (m for m in method_names(reference=False) if get_method(m).exactness == NAIVE):  # dfs, rightmost
         if m in rows and f"sft_vs_{REFERENCE}" in rows[m]:
@@ -86,7 +86,7 @@ def claims(doc: dict) -> list[dict]:
 def claims_table(doc: dict) -> str:
     """:func:`claims` as a Markdown table."""
     return markdown_table(["conclusion", "this run", "evidence"],
-                          [[c["claim"], "holds" if c["holds"] else "**does not hold**", c["evidence"]]
+                          [[c["claim"], VERDICT[c["holds"]], c["evidence"]]
                            for c in claims(doc)])
 
 
@@ -295,13 +295,13 @@ def readme_differences(quoted: str, doc: dict, tolerance: float = READ_TOLERANCE
         if not line.startswith("| ") or line.startswith("| method") or line.startswith("| conclusion"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[1] in ("holds", "**does not hold**"):
-            verdicts[cells[0]] = cells[1] == "holds"
+        if len(cells) == 3 and cells[1] in VERDICT.values():
+            verdicts[cells[0]] = cells[1] == VERDICT[True]
         elif harness is not None and cells[0].startswith("`") and len(cells) >= 3:
             try:
                 rewards[(harness, cells[0].strip("`"))] = [float(c.split()[0]) for c in cells[1:3]]
             except ValueError:
-                continue  # not a reward row (the gap and SDCC tables follow the reward tables)
+                continue  # a row whose cells are not numbers: not a reward row
     out = []
     for c in claims(doc):
         if c["claim"] not in verdicts:

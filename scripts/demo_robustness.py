@@ -51,14 +51,15 @@ def run_one(cfg: DemoConfig, out: Path, threads: str) -> dict:
 
 def row(seed: int, threads: str, doc: dict) -> dict:
     return {"seed": seed, "threads": threads, "seconds": doc["seconds_total"],
+            "pretrain_steps": doc.get("pretrain_steps", doc["config"]["pretrain_steps"]),
             "pretrain_copy_accuracy": doc["pretrain_copy_accuracy"], "warm_steps": doc["warm_steps"],
             "claims": claims(doc)}
 
 
 def table(rows: list[dict]) -> str:
     names = [c["claim"] for c in rows[0]["claims"]]
-    head = ["seed", "threads", "pretraining copy acc.", "warm steps", *names, "wall"]
-    body = [[str(r["seed"]), r["threads"], f"{r['pretrain_copy_accuracy']:.3f}", str(r["warm_steps"]),
+    head = ["seed", "threads", "pretraining steps", "warm steps", *names, "wall"]
+    body = [[str(r["seed"]), r["threads"], str(r["pretrain_steps"]), str(r["warm_steps"]),
              *(("holds: " if c["holds"] else "**fails**: ") + c["evidence"] for c in r["claims"]),
              f"{r['seconds'] / 60:.1f} min"] for r in rows]
     held = sum(all(c["holds"] for c in r["claims"]) for r in rows)

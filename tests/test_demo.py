@@ -23,7 +23,7 @@ from memorywalker.records import check_trajectory
 from memorywalker.rollout import HarnessConfig, rollout
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
 
-TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, warm_episodes=8, warm_summaries=2, warm_steps=2,
+TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, pretrain_far_steps=2, warm_episodes=8, warm_summaries=2, warm_steps=2,
                warm_check_every=1, warm_check_episodes=2,
                sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_turns=3,
                max_new_tokens=24, methods=("radix", *METHODS))

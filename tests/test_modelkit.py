@@ -73,3 +73,29 @@ def test_copy_accuracy_scores_the_labelled_tokens_by_the_logits_before_them():
     rows = [([1, 2, 3, 4, 5, 6], [-100, -100, -100, 4, 5, 6]), ([7, 8, 9], [-100, 8, 9])]
     assert copy_accuracy(_Peeker(wrong={3, 5}), rows) == 0.8
     assert copy_accuracy(_Peeker(wrong=set()), rows) == 1.0
+
+
+def test_pretraining_near_stage_ends_at_the_first_passing_check_and_the_far_stage_follows(kit, tmp_path):
+    """Stage 1 checks at steps 2, 4 and 5 (every 2nd step and the last of 5). An unreachable target
+    (2.0) runs all 5 near steps, says so, and then the 3 far steps: 5 + 3 = 8 losses. Target 0 passes at
+    the first check: 2 near steps, 2 + 3 = 5 losses, and the weights are bitwise those of a 2-step run
+    without a target (a check draws nothing from the training generator)."""
+    from memorywalker.modelkit import bundled_corpus
+    from memorywalker.modelkit.pretrain import pretrain
+
+    _, model_dir = kit
+    corpus = bundled_corpus()
+    args = dict(check_every=2, far_steps=3, max_offset=64, batch_size=4, seed=1)
+    said: list[str] = []
+    never = pretrain(model_dir, tmp_path / "never", corpus, steps=5, copy_target=2.0, log=said.append, **args)
+    assert [s for s, _ in never.near_checks] == [2, 4, 5] and never.near_steps == 5 and not never.learned
+    assert len(never.losses) == 8 and any(line.startswith("[pretrain] DID NOT LEARN TO COPY") for line in said)
+
+    first = pretrain(model_dir, tmp_path / "first", corpus, steps=5, copy_target=0.0, **args)
+    assert [s for s, _ in first.near_checks] == [2] and first.near_steps == 2 and first.learned
+    assert len(first.losses) == 5
+    fixed = pretrain(model_dir, tmp_path / "fixed", corpus, steps=2, copy_target=None, **args)
+    assert fixed.losses == first.losses and fixed.learned
+    a = AutoModelForCausalLM.from_pretrained(first.dir).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(fixed.dir).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

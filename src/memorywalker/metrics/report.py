@@ -49,6 +49,8 @@ VERDICT = {True: "holds", False: "**does not hold**"}  # a conclusion's cell in 
 def claims(doc: dict) -> list[dict]:
     """The demo's conclusions, each checked on this run: ``{"claim", "holds", "evidence"}``.
 
+    * the pretraining learns to copy (its last check on held-out copy rows reached
+      ``pretrain_copy_target``), measured again on rows at transcript positions;
     * the warm start copies (its last copy check reached ``warm_copy_target``): without it the model
       cannot carry a code and nothing below is about conditioning;
     * under ``claude-code`` after SFT, ``tree-mask`` above ``dfs`` and above ``rightmost``: the paired
@@ -64,6 +66,14 @@ def claims(doc: dict) -> list[dict]:
     from memorywalker.engine.methods import NAIVE, get_method, method_names
 
     out = []
+    near = doc.get("pretrain_near_checks") or []
+    if near:
+        step, acc = near[-1]
+        target = doc["config"]["pretrain_copy_target"]
+        out.append({"claim": "the pretraining learns to copy", "holds": acc >= target,
+                    "evidence": f"held-out copy rows {acc:.3f} at step {step} (target {target:.2f}); "
+                                f"{doc['pretrain_copy_accuracy']:.3f} up to "
+                                f"{doc['config']['pretrain_max_offset']} tokens in"})
     checks = doc.get("warm_copy_checks") or []
     if checks:
         step, acc = checks[-1]

@@ -81,7 +81,11 @@ class DemoConfig:
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 4
-    pretrain_steps: int = 400
+    # Stage 1 trains copy rows at position 0 until their held-out accuracy reaches the target (the cap is
+    # pretrain_steps), stage 2 mixes in rows up to pretrain_max_offset tokens in (modelkit/pretrain.py)
+    pretrain_steps: int = 2000
+    pretrain_copy_target: float = 0.9
+    pretrain_far_steps: int = 200
     pretrain_max_offset: int = 320  # copy rows start up to this many tokens in (transcript positions)
     # --- warm start on uncompressed episodes and single summarization calls (method-neutral)
     warm_episodes: int = 2400
@@ -122,7 +126,7 @@ class DemoConfig:
 
 
 FULL = DemoConfig()
-QUICK = replace(FULL, pretrain_steps=120, warm_episodes=800, warm_summaries=200, warm_steps=100, sft_episodes=160,
+QUICK = replace(FULL, pretrain_steps=120, pretrain_far_steps=20, warm_episodes=800, warm_summaries=200, warm_steps=100, sft_episodes=160,
                 sft_steps=16, rl_steps=2, rl_prompts=2, rl_group=2, eval_tasks=8)
 
 
@@ -157,8 +161,9 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
                             num_heads=4, num_kv_heads=2, seed=cfg.seed)
     t0 = time.perf_counter()
     pre = pretrain(model_dir, out / "kit" / "pretrained", corpus, steps=cfg.pretrain_steps,
+                   copy_target=cfg.pretrain_copy_target, far_steps=cfg.pretrain_far_steps,
                    max_offset=cfg.pretrain_max_offset, seed=cfg.seed, log=log, progress=progress)
-    log(f"[kit] vocab {len(tokenizer)}; pretrained {cfg.pretrain_steps} steps, loss {pre.losses[0]:.3f} -> "
+    log(f"[kit] vocab {len(tokenizer)}; pretrained {len(pre.losses)} steps, loss {pre.losses[0]:.3f} -> "
         f"{pre.losses[-1]:.3f}, copy accuracy {pre.copy_accuracy:.3f} in {time.perf_counter() - t0:.0f}s")
 
     # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
@@ -201,6 +206,7 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
         log(f"[warm] DID NOT LEARN TO COPY: copy accuracy {checks[-1][1]:.3f} < {cfg.warm_copy_target} after "
             f"{warm.steps} steps; the methods below are compared on a model that cannot carry a code")
     return {"pretrain_loss": [pre.losses[0], pre.losses[-1]], "pretrain_copy_accuracy": pre.copy_accuracy,
+            "pretrain_near_checks": pre.near_checks, "pretrain_steps": len(pre.losses),
             "warm_loss": [warm_loss[0], warm_loss[-1]], "warm_steps": warm.steps, "warm_copy_checks": checks,
             "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)],
             "warm_dir": str(warm.final_dir)}

@@ -211,7 +211,7 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
             f"{steps} near steps")
     if max_offset:
         bar.total = near_steps + far_steps
-        for n in range(1, far_steps + 1):
+        for _ in range(far_steps):
             copy_loss, lm_loss = step([near(gen) if k % 2 else far(gen) for k in range(half)])
             bar.update()
         if log is not None:

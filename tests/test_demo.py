@@ -162,11 +162,13 @@ def test_copy_check_scores_the_code_tokens_of_the_responses(tmp_path):
     """On two expert episodes (uncompressed, recall-2), with a tokenizer that keeps the codes whole: a model
     that predicts each next token exactly scores 1; one that repeats the current token scores 0 (a code
     never follows itself); one that always says the first code written scores the share of that code
-    among the code words of the responses (their text and tool-call arguments; no tokens involved)."""
+    among the code words of the responses (their text and tool-call arguments; no tokens involved), and
+    with ``words`` = names and codes its share among those words written after a space (a tool call's
+    argument follows a quote, so it is not scored)."""
     from transformers import AutoTokenizer
 
     from memorywalker.modelkit import build_tokenizer, bundled_corpus
-    from memorywalker.rollout.vault import CODES
+    from memorywalker.rollout.vault import CODES, NAMES
 
     env = VaultEnv(0)
     tok = AutoTokenizer.from_pretrained(build_tokenizer(tmp_path / "tok", bundled_corpus() + env.corpus()))
@@ -183,3 +185,7 @@ def test_copy_check_scores_the_code_tokens_of_the_responses(tmp_path):
     assert copy_check(oracle, tok, episodes) == 1.0
     assert copy_check(same, tok, episodes) == 0.0
     assert len(said) >= 4 and copy_check(constant, tok, episodes) == pytest.approx(said.count(code) / len(said))
+    spaced = [w for w in re.findall(r"(?<= )\w+", text) if w in CODES or w in NAMES]
+    assert len(spaced) > len(said) and all(len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1
+                                           for w in spaced)
+    assert copy_check(constant, tok, episodes, (*NAMES, *CODES)) == pytest.approx(spaced.count(code) / len(spaced))

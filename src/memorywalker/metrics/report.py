@@ -51,17 +51,19 @@ def claims(doc: dict) -> list[dict]:
 
     * the pretraining learns to copy (its last check on held-out copy rows reached
       ``pretrain_copy_target``), measured again on rows at transcript positions;
-    * the warm start copies (its last copy check reached ``warm_copy_target``): without it the model
-      cannot carry a code and nothing below is about conditioning;
+    * the warm start copies (its last copy check met :func:`warm_copies`' targets on the act calls of
+      uncompressed episodes and on summaries): without it the model cannot carry a code and nothing
+      below is about conditioning;
     * under ``claude-code`` after SFT, ``tree-mask`` above ``dfs`` and above ``rightmost``: the paired
       interval of (method − tree-mask) lies below 0;
     * RL − SFT for ``tree-mask`` under ``claude-code`` is ≥ 0 (its mean).
 
-    >>> doc = {"config": {"warm_copy_target": 0.9}, "warm_copy_checks": [[100, 0.5], [200, 0.95]],
+    >>> doc = {"config": {"warm_copy_target": 0.9, "warm_summary_target": 0.5},
+    ...        "warm_copy_checks": [[100, 0.5, 0.2], [200, 0.95, 0.62]],
     ...        "summary": {"claude-code": {"tree-mask": {"rl_minus_sft": (0.05, -0.02, 0.1)},
     ...                                    "dfs": {"sft_vs_tree-mask": (-0.4, -0.5, -0.3)}}}}
     >>> [(c["holds"], c["evidence"]) for c in claims(doc)]
-    [(True, 'copy accuracy 0.950 at step 200 (target 0.90)'), (True, 'dfs − tree-mask -0.400 [-0.500, -0.300]'), (True, 'RL − SFT +0.050 [-0.020, +0.100]')]
+    [(True, 'copy accuracy 0.950 in act calls (target 0.90), 0.620 in summaries (target 0.50) at step 200'), (True, 'dfs − tree-mask -0.400 [-0.500, -0.300]'), (True, 'RL − SFT +0.050 [-0.020, +0.100]')]
     """
     from memorywalker.engine.methods import NAIVE, get_method, method_names
 
@@ -76,10 +78,12 @@ def claims(doc: dict) -> list[dict]:
                                 f"{doc['config']['pretrain_max_offset']} tokens in"})
     checks = doc.get("warm_copy_checks") or []
     if checks:
-        step, acc = checks[-1]
-        target = doc["config"]["warm_copy_target"]
-        out.append({"claim": "the warm start copies codes", "holds": acc >= target,
-                    "evidence": f"copy accuracy {acc:.3f} at step {step} (target {target:.2f})"})
+        step, *acc = checks[-1]
+        targets = _warm_targets(doc["config"])
+        where = ", ".join(f"{a:.3f} in {s} (target {t:.2f})"
+                          for a, s, t in zip(acc, ("act calls", "summaries"), targets, strict=False))
+        out.append({"claim": "the warm start copies", "holds": warm_copies(doc["config"], checks[-1]),
+                    "evidence": f"copy accuracy {where} at step {step}"})
     rows = doc["summary"].get(CLAIM_HARNESS, {})
     for m in (m for m in method_names(reference=False) if get_method(m).exactness == NAIVE):  # dfs, rightmost
         if m in rows and f"sft_vs_{REFERENCE}" in rows[m]:
@@ -91,6 +95,20 @@ def claims(doc: dict) -> list[dict]:
         out.append({"claim": f"RL − SFT ≥ 0 for `{REFERENCE}` under `{CLAIM_HARNESS}`", "holds": d[0] >= 0,
                     "evidence": f"RL − SFT {_ci(d)}"})
     return out
+
+
+def warm_copies(config: dict, check: list) -> bool:
+    """Whether a warm-start copy check ``[step, act calls, summaries]`` meets the targets of ``config``
+    (``[step, act calls]``: a run without summaries, or one from before 2026-12-04 that checked codes only).
+
+    >>> warm_copies({"warm_copy_target": 0.85, "warm_summary_target": 0.5}, [1200, 0.99, 0.45])
+    False
+    """
+    return all(a >= t for a, t in zip(check[1:], _warm_targets(config), strict=False))
+
+
+def _warm_targets(config: dict) -> tuple[float, float]:
+    return config["warm_copy_target"], config.get("warm_summary_target", 0.0)
 
 
 def claims_table(doc: dict) -> str:

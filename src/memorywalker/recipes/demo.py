@@ -13,12 +13,10 @@
    imitation learns a habit that costs reward under compaction, and GRPO has something to learn.
 3. **Warm start** on *uncompressed* expert episodes (``harness none``: one path per episode, so every
    method trains exactly the same targets on exactly the same contexts) and on the summarization calls
-   of ``claude-code`` expert episodes, one call per record — the same checkpoint for all. It trains
-   until the model copies: every ``warm_check_every`` steps :func:`copy_check` scores the codes of 32
-   held-out expert episodes, and the first check at ``warm_copy_target`` ends it (``warm_steps`` is the
-   cap). The copy skill arrives in a jump whose step depends on the seed and on the machine's rounding
-   (measured: between 300 and 400 steps for seed 0 with one thread); a fixed step count was a lottery. A
-   warm start that reaches the cap without copying says so in the log and in the table's conclusions.
+   of ``claude-code`` expert episodes, one call per record — the same checkpoint for all, ``warm_steps``
+   long. Its copying is checked (:func:`warm_start`) on the names and codes of 32 held-out expert
+   episodes and the codes of their summaries; a warm start below either target says so in the log and
+   in the table's conclusions.
 4. **SFT per method** from the warm start on the compressed episodes: here the methods differ.
 5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
    compression (graded reward, so groups have variance).
@@ -52,7 +50,7 @@ from tqdm import tqdm
 
 from memorywalker.engine.methods import EXACT, get_method, method_names
 from memorywalker.eval.evaluate import heldout
-from memorywalker.metrics.report import REFERENCE, aggregate_seeds, summarize, write_report
+from memorywalker.metrics.report import REFERENCE, aggregate_seeds, summarize, warm_copies, write_report
 from memorywalker.metrics.report import number as _num
 
 # The other exact methods (logit-tree, radix) train the same targets on the same contexts as tree-mask
@@ -90,9 +88,12 @@ class DemoConfig:
     # --- warm start on uncompressed episodes and single summarization calls (method-neutral)
     warm_episodes: int = 2400
     warm_summaries: int = 1200  # claude-code episodes whose summarization calls join the warm start, one record each
-    warm_steps: int = 1200  # the cap: the warm start stops at the first check its copy accuracy passes
-    warm_check_every: int = 100
-    warm_copy_target: float = 0.85  # copy_check on held-out expert episodes (uncompressed)
+    # Fixed length (measured, docs/demo-robustness.md: stopping at the first passing check, step 100 on 3 of
+    # 5 seeds, left every conclusion holding on 2 of 5 seeds; 1,200 steps on 9 of the 10 SFT conclusions)
+    warm_steps: int = 1200
+    warm_check_every: int = 200  # copy checks: the curve in the log; the last one verifies the warm start
+    warm_copy_target: float = 0.85  # copy_check on the act calls of held-out uncompressed expert episodes
+    warm_summary_target: float = 0.5  # ... and on the codes of held-out summaries (see warm_start)
     warm_check_episodes: int = 32
     warm_lr: float = 1e-3
     # --- SFT per method on compressed episodes
@@ -137,7 +138,6 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
 
     from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
     from memorywalker.modelkit.pretrain import pretrain
-    from memorywalker.recipes import sft
     from memorywalker.records import write_trajectories
     from memorywalker.rollout import HarnessConfig, rollout
     from memorywalker.rollout.vault import VaultEnv
@@ -166,13 +166,7 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
     log(f"[kit] vocab {len(tokenizer)}; pretrained {len(pre.losses)} steps, loss {pre.losses[0]:.3f} -> "
         f"{pre.losses[-1]:.3f}, copy accuracy {pre.copy_accuracy:.3f} in {time.perf_counter() - t0:.0f}s")
 
-    # --- 2. expert episodes: uncompressed (warm start) and under each harness (SFT) ----------------------
-    plain, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
-                       n=cfg.warm_episodes, seed=cfg.seed, split="train")
-    if cfg.warm_summaries and "claude-code" in harness:
-        compacted, _ = rollout(env, scripted, tokenizer, harness["claude-code"], suite=cfg.suite,
-                               n=cfg.warm_summaries, seed=cfg.seed + 1, split="train")
-        plain += [one for t in compacted for one in summary_call_records(t)]
+    # --- 2. expert episodes under each harness (SFT) ------------------------------------------------------
     expert, evictions = [], {}
     for name, h in harness.items():
         eps, summary = rollout(env, scripted, tokenizer, h, suite=cfg.suite, n=cfg.sft_episodes // len(harness),
@@ -182,34 +176,77 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
         log(f"[data] {name}: {len(eps)} expert episodes, reward {summary.success:.2f}, evictions {evictions[name]}")
     write_trajectories(out / "expert.jsonl", expert)  # the method workers read it
 
-    # --- 3. warm start on the uncompressed episodes (one path each: every method trains the same), until
-    # the model copies codes on held-out expert episodes (checked every warm_check_every steps) -------------
-    check, _ = rollout(env, scripted, tokenizer, HarnessConfig("none", max_steps=cfg.max_turns), suite=cfg.suite,
-                       n=cfg.warm_check_episodes, seed=cfg.seed, split="test")
-    checks: list[tuple[int, float]] = []
-
-    def copied(model, step: int) -> bool:
-        checks.append((step, copy_check(model, tokenizer, check)))
-        log(f"[warm] step {step}: copy accuracy {checks[-1][1]:.3f} on the codes of {len(check)} held-out episodes")
-        return checks[-1][1] >= cfg.warm_copy_target
-
-    t0 = time.perf_counter()
-    warm = sft.train(sft.SFTConfig(model=str(pre.dir), run_dir=str(out / "warm"), method="radix",
-                                   steps=cfg.warm_steps, batch_size=cfg.sft_batch, lr=cfg.warm_lr, warmup_steps=10,
-                                   max_tokens=cfg.max_tokens, save_every=cfg.warm_check_every, keep_checkpoints=1,
-                                   seed=cfg.seed),
-                     trajectories=plain, progress=progress, until=copied)
+    # --- 3. warm start, method-neutral, its copying checked -----------------------------------------------
+    warm, checks = warm_start(cfg, out, pre.dir, tokenizer, env, progress=progress, log=log)
     warm_loss = [float(m["loss"]) for m in warm.metrics]
-    log(f"[warm] loss {warm_loss[0]:.3f} -> {warm_loss[-1]:.3f} in {warm.steps} steps, "
-        f"{time.perf_counter() - t0:.0f}s")
-    if checks[-1][1] < cfg.warm_copy_target:
-        log(f"[warm] DID NOT LEARN TO COPY: copy accuracy {checks[-1][1]:.3f} < {cfg.warm_copy_target} after "
-            f"{warm.steps} steps; the methods below are compared on a model that cannot carry a code")
     return {"pretrain_loss": [pre.losses[0], pre.losses[-1]], "pretrain_copy_accuracy": pre.copy_accuracy,
             "pretrain_near_checks": pre.near_checks, "pretrain_steps": len(pre.losses),
             "warm_loss": [warm_loss[0], warm_loss[-1]], "warm_steps": warm.steps, "warm_copy_checks": checks,
             "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)],
             "warm_dir": str(warm.final_dir)}
+
+
+def warm_start(cfg: DemoConfig, out: Path, model_dir, tokenizer, env, *, progress: bool = True, log=print):
+    """Stage 3: ``warm_steps`` of SFT of ``model_dir`` on uncompressed expert episodes (one path each, so
+    every method trains the same) and on single summarization calls of ``claude-code`` episodes.
+
+    Every ``warm_check_every`` steps :func:`copy_check` scores the copies the expert writes in held-out
+    episodes, on two sets: the box names and codes of the act calls of uncompressed episodes (target
+    ``warm_copy_target``), and the codes of the summarization calls of compacted ones, where the label to
+    copy sits before the long summarize instruction (target ``warm_summary_target``; their box names are
+    left out, since whether a careless summary names the older box first is the expert's coin flip, not
+    something the context determines). The last check is the verification: below either target, the log
+    and the table say the warm start did not learn to copy.
+
+    Why two sets and why the lower summary target (measured, docs/demo-robustness.md): seed 4's act calls
+    copied 1.000 at step 100 while its summaries copied 0.050, and every method then scored 0.000 under
+    ``claude-code``; at 1,200 steps the summaries of seeds 0-4 copy 0.74-0.98, and those at 0.74-0.78 sit
+    at the level of a model that writes the newest label's code (0.78-0.83 of the codes), yet their SFT
+    conclusions hold. The checks do not stop the training early: stopping at the first passing check
+    (step 100 on 3 of 5 seeds) left the methods a base that learned little under ``claude-code``.
+    Returns the training result and the checks ``[step, act calls, summaries]``.
+    """
+    from memorywalker.recipes import sft
+    from memorywalker.rollout import HarnessConfig, rollout
+    from memorywalker.rollout.vault import CODES, NAMES
+
+    scripted = env.expert(cfg.expert_forget)
+    none = HarnessConfig("none", max_steps=cfg.max_turns)
+    records, _ = rollout(env, scripted, tokenizer, none, suite=cfg.suite, n=cfg.warm_episodes, seed=cfg.seed,
+                         split="train")
+    check, _ = rollout(env, scripted, tokenizer, none, suite=cfg.suite, n=cfg.warm_check_episodes, seed=cfg.seed,
+                       split="test")
+    summaries = []
+    if cfg.warm_summaries and "claude-code" in cfg.harnesses:
+        cc = HarnessConfig("claude-code", budget=cfg.budgets["claude-code"], max_steps=cfg.max_turns)
+        compacted, _ = rollout(env, scripted, tokenizer, cc, suite=cfg.suite, n=cfg.warm_summaries,
+                               seed=cfg.seed + 1, split="train")
+        records += [one for t in compacted for one in summary_call_records(t)]
+        held, _ = rollout(env, scripted, tokenizer, cc, suite=cfg.suite, n=cfg.warm_check_episodes, seed=cfg.seed,
+                          split="test")
+        summaries = [one for t in held for one in summary_call_records(t)]
+    checks: list[list] = []
+
+    def measure(model, step: int) -> bool:
+        checks.append([step, copy_check(model, tokenizer, check, (*NAMES, *CODES)),
+                       *([copy_check(model, tokenizer, summaries, CODES)] if summaries else [])])
+        log(f"[warm] step {step}: copy accuracy {checks[-1][1]:.3f} in the act calls of {len(check)} held-out "
+            f"episodes" + (f", {checks[-1][2]:.3f} in {len(summaries)} held-out summaries" if summaries else ""))
+        return False  # a curve, not a stopping rule
+
+    t0 = time.perf_counter()
+    warm = sft.train(sft.SFTConfig(model=str(model_dir), run_dir=str(out / "warm"), method="radix",
+                                   steps=cfg.warm_steps, batch_size=cfg.sft_batch, lr=cfg.warm_lr, warmup_steps=10,
+                                   max_tokens=cfg.max_tokens, save_every=cfg.warm_check_every, keep_checkpoints=1,
+                                   seed=cfg.seed),
+                     trajectories=records, progress=progress, until=measure)
+    loss = [float(m["loss"]) for m in warm.metrics]
+    log(f"[warm] loss {loss[0]:.3f} -> {loss[-1]:.3f} in {warm.steps} steps, {time.perf_counter() - t0:.0f}s")
+    if not warm_copies(asdict(cfg), checks[-1]):
+        log(f"[warm] DID NOT LEARN TO COPY: copy accuracy {', '.join(f'{a:.3f}' for a in checks[-1][1:])} after "
+            f"{warm.steps} steps (targets {cfg.warm_copy_target}, {cfg.warm_summary_target}); the methods below "
+            f"are compared on a model that cannot carry a code")
+    return warm, checks
 
 
 def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
@@ -363,19 +400,20 @@ def _rewards_line(ev: dict) -> str:
 
 
 @torch.no_grad()
-def copy_check(model, tokenizer, episodes) -> float:
-    """Greedy, teacher-forced accuracy of ``model`` on the code tokens of ``episodes``' responses.
+def copy_check(model, tokenizer, episodes, words=None) -> float:
+    """Greedy, teacher-forced accuracy of ``model`` on the tokens of ``words`` in ``episodes``' responses.
 
-    Every code the agent writes (in a note, a summary or the answer) is a copy of a label it saw
-    earlier in its context, so this is the copy skill the task needs, measured where the task needs
-    it: each call's ``S_t`` in one plain forward, and at each response position whose token is a
-    code (:data:`~memorywalker.rollout.vault.CODES`, as the tokenizer spells them after a space), whether
-    the argmax of the logits one position earlier is that token.
+    Every box name and code the agent writes (in a note, a summary or the answer) is a copy of one it
+    saw earlier in its context, so this is the copy skill the task needs, measured where the task needs
+    it: each call's ``S_t`` in one plain forward, and at each response position whose token is one of
+    ``words`` (default :data:`~memorywalker.rollout.vault.CODES`) as the tokenizer spells it after a
+    space, whether the argmax of the logits one position earlier is that token.
     """
     from memorywalker.render import Renderer
     from memorywalker.rollout.vault import CODES
 
-    codes = {ids[0] for c in CODES if len(ids := tokenizer(" " + c, add_special_tokens=False)["input_ids"]) == 1}
+    codes = {ids[0] for c in (CODES if words is None else words)
+             if len(ids := tokenizer(" " + c, add_special_tokens=False)["input_ids"]) == 1}
     was_training = model.training
     model.eval()
     renderer = Renderer(tokenizer)
@@ -391,7 +429,7 @@ def copy_check(model, tokenizer, episodes) -> float:
             total += len(at)
     model.train(was_training)
     if not total:
-        raise ValueError("copy_check: the episodes' responses hold no code token")
+        raise ValueError("copy_check: the episodes' responses hold none of the words")
     return hits / total
 
 

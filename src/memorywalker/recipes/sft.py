@@ -71,8 +71,8 @@ def train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None = None, progr
     until the run ends (a second process on it is refused).
 
     ``until(model, step)``, when given, is called after each checkpoint (every ``save_every`` steps and
-    the last); when it returns True the run ends there, ``steps`` being the cap: what the demo's warm start uses
-    to train until its copy check passes. One process only (ranks would each decide alone)."""
+    the last); when it returns True the run ends there, ``steps`` being the cap (the demo's warm start
+    measures its copy checks with it). One process only (ranks would each decide alone)."""
     with owned_run_dir(cfg, "sft"):
         return _train(cfg, trajectories=trajectories, progress=progress, until=until)
 

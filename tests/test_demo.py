@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from memorywalker.metrics.report import REFERENCE, claims, readme_differences, readme_table, results_table
-from memorywalker.recipes.demo import METHODS, QUICK, copy_check, run_demo, summary_call_records
+from memorywalker.recipes.demo import METHODS, QUICK, run_demo
+from memorywalker.recipes.warm import copy_check, summary_call_records
 from memorywalker.records import check_trajectory
 from memorywalker.rollout import HarnessConfig, rollout
 from memorywalker.rollout.vault import VaultEnv, VaultExpert

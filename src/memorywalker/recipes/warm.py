@@ -97,15 +97,15 @@ def copy_check(model, tokenizer, episodes, words=None) -> float:
     from memorywalker.render import Renderer
     from memorywalker.rollout.vault import CODES
 
-    codes = {ids[0] for c in (CODES if words is None else words)
-             if len(ids := tokenizer(" " + c, add_special_tokens=False)["input_ids"]) == 1}
+    scored = {ids[0] for w in (CODES if words is None else words)
+              if len(ids := tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1}
     was_training = model.training
     model.eval()
     renderer = Renderer(tokenizer)
     hits = total = 0
     for traj in episodes:
         for rc in renderer.render(traj).calls:
-            at = [p for p in range(rc.prompt_len, len(rc.tokens)) if rc.tokens[p] in codes]
+            at = [p for p in range(rc.prompt_len, len(rc.tokens)) if rc.tokens[p] in scored]
             if not at:
                 continue
             logits = model(input_ids=torch.tensor([rc.tokens])).logits[0]

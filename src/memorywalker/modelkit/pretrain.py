@@ -60,8 +60,12 @@ class Pretrained(NamedTuple):
     losses: list[float]  # every step's loss
     copy_accuracy: float  # greedy accuracy on held-out copy rows placed as the last stage placed its rows
     near_checks: list[tuple[int, float]]  # (step, held-out near-row accuracy) of each check in stage 1
-    near_steps: int  # steps stage 1 took
     learned: bool  # stage 1 reached copy_target (True when there was none)
+
+    @property
+    def near_steps(self) -> int:
+        """Steps stage 1 took: its last check is at its last step (it checks at the cap too)."""
+        return self.near_checks[-1][0]
 
 
 def copy_row(gen: random.Random, vocab: int, separators: list[int], first: int) -> tuple[list[int], list[int]]:
@@ -163,16 +167,13 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     if steps < 1:
         raise ValueError(f"pretraining needs at least one near step, got steps={steps}")
 
-    def near(g: random.Random):
-        return _offset(g, copy_row(g, len(tok), separators, first), stream, 0, len(tok), first)
-
-    def far(g: random.Random):
-        return _offset(g, copy_row(g, len(tok), separators, first), stream, max_offset, len(tok), first)
+    def row(g: random.Random, offset: int):  # offset 0: a near row; max_offset: a far one
+        return _offset(g, copy_row(g, len(tok), separators, first), stream, offset, len(tok), first)
 
     gen = random.Random(f"pretrain-{seed}")
     held = random.Random(f"pretrain-heldout-{seed}")
-    heldout_near = [near(held) for _ in range(HELDOUT_ROWS)]
-    heldout_far = [far(held) for _ in range(HELDOUT_ROWS)] if max_offset else heldout_near
+    heldout_near = [row(held, 0) for _ in range(HELDOUT_ROWS)]
+    heldout_far = [row(held, max_offset) for _ in range(HELDOUT_ROWS)] if max_offset else heldout_near
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
     losses: list[float] = []
     checks: list[tuple[int, float]] = []
@@ -195,7 +196,7 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
 
     bar = tqdm(total=steps + (far_steps if max_offset else 0), desc="pretrain", unit="step", disable=not progress)
     for n in range(1, steps + 1):
-        copy_loss, lm_loss = step([near(gen) for _ in range(half)])
+        copy_loss, lm_loss = step([row(gen, 0) for _ in range(half)])
         bar.update()
         if n % check_every == 0 or n == steps:
             checks.append((n, copy_accuracy(model, heldout_near)))
@@ -204,15 +205,14 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
                     f"accuracy {checks[-1][1]:.3f}")
             if copy_target is not None and checks[-1][1] >= copy_target:
                 break
-    near_steps = n
     learned = copy_target is None or checks[-1][1] >= copy_target
     if not learned and log is not None:
         log(f"[pretrain] DID NOT LEARN TO COPY: held-out copy accuracy {checks[-1][1]:.3f} < {copy_target} after "
             f"{steps} near steps")
     if max_offset:
-        bar.total = near_steps + far_steps
+        bar.total = n + far_steps
         for _ in range(far_steps):
-            copy_loss, lm_loss = step([near(gen) if k % 2 else far(gen) for k in range(half)])
+            copy_loss, lm_loss = step([row(gen, 0 if k % 2 else max_offset) for k in range(half)])
             bar.update()
         if log is not None:
             log(f"[pretrain] far {far_steps} steps: copy {copy_loss:.3f} lm {lm_loss:.3f}")
@@ -224,4 +224,4 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return Pretrained(out, losses, accuracy, checks, near_steps, learned)
+    return Pretrained(out, losses, accuracy, checks, learned)

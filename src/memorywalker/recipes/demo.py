@@ -14,9 +14,9 @@
 3. **Warm start** on *uncompressed* expert episodes (``harness none``: one path per episode, so every
    method trains exactly the same targets on exactly the same contexts) and on the summarization calls
    of ``claude-code`` expert episodes, one call per record — the same checkpoint for all, ``warm_steps``
-   long. Its copying is checked (:func:`~memorywalker.recipes.warm.warm_start`) on the names and codes of 32 held-out expert
-   episodes and the codes of their summaries; a warm start below either target says so in the log and
-   in the table's conclusions.
+   long. Its copying is checked (:func:`~memorywalker.recipes.warm.warm_start`) on the names and codes
+   of 32 held-out expert episodes and the codes of their summaries; a warm start below either target
+   says so in the log and in the table's conclusions.
 4. **SFT per method** from the warm start on the compressed episodes: here the methods differ.
 5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
    compression (graded reward, so groups have variance).

@@ -32,8 +32,8 @@ from pathlib import Path
 from memorywalker.metrics.report import claims, markdown_table
 from memorywalker.recipes.demo import FULL, QUICK, DemoConfig
 
-REDUCED = replace(FULL, warm_episodes=1200, warm_summaries=600, sft_episodes=240, sft_steps=40, rl_steps=6,
-                  rl_prompts=6, eval_tasks=48)
+REDUCED = replace(FULL, warm_episodes=1200, warm_summaries=600, sft_episodes=240, sft_steps=40, rl_steps=12,
+                  rl_prompts=3, eval_tasks=48)
 SIZES = {"full": FULL, "reduced": REDUCED, "quick": QUICK}
 
 

@@ -8,7 +8,8 @@ seed, each thread setting); ``threads=1`` sets ``OMP_NUM_THREADS=1`` (and MKL's)
 two is stages 1-3 (kit, pretraining, warm start), where a different reduction order changes the
 floating-point trajectory. Per run: the pretraining's and the warm start's copy accuracy and every
 conclusion :func:`memorywalker.metrics.report.claims` checks. Writes ``OUT/robustness.md`` (one row per
-run, one column per conclusion) and ``OUT/robustness.json`` (rewritten after every run); a run whose
+run, one column per conclusion, with its evidence), ``OUT/per-seed.md`` (the README's per-seed table:
+the verdicts and the mean rewards) and ``OUT/robustness.json`` (rewritten after every run); a run whose
 ``results.json`` is already in ``OUT`` with the same configuration is read, not run again. Exits 1 when any conclusion fails in any run.
 
 ``--size full`` is ``memorywalker demo`` itself (what the README's command 1 runs); ``reduced`` is the
@@ -53,6 +54,10 @@ def row(seed: int, threads: str, doc: dict) -> dict:
     return {"seed": seed, "threads": threads, "seconds": doc["seconds_total"],
             "pretrain_steps": doc.get("pretrain_steps", doc["config"]["pretrain_steps"]),
             "pretrain_copy_accuracy": doc["pretrain_copy_accuracy"], "warm_steps": doc["warm_steps"],
+            "pretrain_near": (doc.get("pretrain_near_checks") or [None])[-1],
+            "warm_check": (doc.get("warm_copy_checks") or [None])[-1],
+            "reward": {stage: {h: {m: v[stage][0] for m, v in ms.items()} for h, ms in doc["summary"].items()}
+                       for stage in ("sft", "rl")},
             "claims": claims(doc)}
 
 
@@ -64,6 +69,26 @@ def table(rows: list[dict]) -> str:
              f"{r['seconds'] / 60:.1f} min"] for r in rows]
     held = sum(all(c["holds"] for c in r["claims"]) for r in rows)
     return markdown_table(head, body) + f"\n\nEvery conclusion holds in {held} of {len(rows)} runs."
+
+
+def per_seed_table(rows: list[dict]) -> str:
+    """The README's per-seed table: each run's checks, its verdicts and its mean rewards."""
+    def rewards(r, stage, h, methods=("tree-mask", "dfs", "rightmost")):
+        return " / ".join(f"{r['reward'][stage][h][m]:.3f}" for m in methods if m in r["reward"][stage][h])
+
+    head = ["seed", "threads", "pretraining: near steps (check); far rows", "warm start: act calls / summaries",
+            "pretraining copies", "warm start copies", "tree-mask > dfs", "tree-mask > rightmost",
+            "RL − SFT ≥ 0 (tree-mask)", "SFT under `claude-code`: tree-mask / dfs / rightmost",
+            "tree-mask after RL", "SFT under `opencode`: tree-mask / dfs / rightmost", "wall"]
+    body = []
+    for r in rows:
+        step, acc = r["pretrain_near"]
+        body.append([str(r["seed"]), r["threads"], f"{step} ({acc:.3f}); {r['pretrain_copy_accuracy']:.3f} far",
+                     " / ".join(f"{a:.3f}" for a in r["warm_check"][1:]),
+                     *("holds" if c["holds"] else "**fails**" for c in r["claims"]),
+                     rewards(r, "sft", "claude-code"), rewards(r, "rl", "claude-code", ("tree-mask",)),
+                     rewards(r, "sft", "opencode"), f"{r['seconds'] / 60:.1f} min"])
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             # after every run, so an interrupted sweep keeps what it measured
             (a.out / "robustness.json").write_text(json.dumps({"size": a.size, "runs": rows}, indent=2))
             (a.out / "robustness.md").write_text(table(rows) + "\n")
+            (a.out / "per-seed.md").write_text(per_seed_table(rows) + "\n")
     print(table(rows))
     return 0 if all(c["holds"] for r in rows for c in r["claims"]) else 1
 

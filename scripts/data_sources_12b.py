@@ -14,7 +14,8 @@ from memorywalker.eval.transfer import paired, report, transfer_rows
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences
 from memorywalker.modelkit import default_kit
 from memorywalker.recipes.sft import SFTConfig, train
-from memorywalker.rollout import ExpertPolicy, HarnessConfig, HFPolicy, WebSearchEnv, rollout
+from memorywalker.rollout import ExpertPolicy, HarnessConfig, WebSearchEnv, rollout
+from memorywalker.samplers.hf import HFPolicy
 from memorywalker.transforms.acc import compile_record, qa_accuracy
 from memorywalker.transforms.augment import augment_record, make_schema_map
 

@@ -19,11 +19,13 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "memorywalker"
 
 # Lower tiers first; a package may import its own modules and packages of lower tiers only
 # (DESIGN.md's layers: records · render · tree · layout/attention · objectives · engine · train recipes ·
-# rollout · importers · metrics/report · cli).
+# rollout · importers · metrics/report · samplers · gateway · cli). Samplers (who writes a response) sit
+# below rollout, which drives them, and the gateway, which serves them: they import records and render.
 TIERS = [
     {"fileio", "data"},
     {"records", "modelkit"},
     {"render"},
+    {"samplers"},
     {"tree", "rollout"},
     {"layout", "attention", "objectives", "importers", "viewer", "export"},
     {"engine"},
@@ -31,9 +33,14 @@ TIERS = [
     {"eval"},
     {"recipes"},
     {"integrations"},
+    {"gateway"},
     {"cli"},
 ]
 TIER = {pkg: i for i, tier in enumerate(TIERS) for pkg in tier}
+
+# Arrows the tiers would allow but the design forbids: the gateway serves real harnesses with a sampler
+# and knows nothing of rollout's simulated harness, environments or expert.
+FORBIDDEN = {"gateway": {"rollout"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -104,6 +111,22 @@ def test_no_upward_import():
               if _package(a) and _package(b) and _package(a) != _package(b)
               and TIER[_package(b)] >= TIER[_package(a)]]
     assert not upward, "upward or sideways imports:\n" + "\n".join(sorted(upward))
+
+
+def test_no_forbidden_import():
+    """The arrows of FORBIDDEN are absent, at module level or inside functions."""
+    forbidden = [f"{a} -> {b}" for a, deps in _graph().items() for b in deps
+                 if _package(b) in FORBIDDEN.get(_package(a), ())]
+    assert not forbidden, "forbidden imports:\n" + "\n".join(sorted(forbidden))
+
+
+def test_samplers_sit_below_rollout_and_the_gateway():
+    """Samplers may import records and render, never rollout; both rollout and the gateway may import them."""
+    assert TIER["samplers"] < TIER["rollout"] and TIER["samplers"] < TIER["gateway"]
+    assert TIER["samplers"] > TIER["render"] > TIER["records"]
+    assert "rollout" in FORBIDDEN["gateway"]
+    graph = _graph()
+    assert "memorywalker.samplers.base" in graph["memorywalker.rollout.harness"]  # the check is not vacuous
 
 
 def test_no_import_cycle():

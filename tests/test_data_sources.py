@@ -73,7 +73,7 @@ class WrongAnswerer:
 
     def __call__(self, request):
         from memorywalker.records.schema import Message, ToolCall
-        from memorywalker.rollout import PolicyOutput
+        from memorywalker.samplers.base import PolicyOutput
 
         return PolicyOutput(message=Message(id="", role="assistant", content="", author="model",
                                             tool_calls=[ToolCall(id="", name="answer", arguments={"text": "nobody"})]))

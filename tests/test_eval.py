@@ -18,7 +18,8 @@ from memorywalker.metrics.stats import (
     wilson_interval,
     z_of,
 )
-from memorywalker.rollout import HarnessConfig, PolicyOutput, WebSearchEnv, run_episode
+from memorywalker.rollout import HarnessConfig, WebSearchEnv, run_episode
+from memorywalker.samplers.base import PolicyOutput
 
 # --- math ---------------------------------------------------------------------------------------------
 
@@ -138,7 +139,7 @@ def test_failed_trials_are_counted_not_dropped(tokenizer, tmp_path):
     'error'); the expert solves the other two -> 2/3 accepted, Wilson(2, 3)."""
     from memorywalker.eval.evaluate import Candidate, EvalConfig, evaluate
     from memorywalker.rollout import ExpertPolicy
-    from memorywalker.rollout.policies import EndpointError
+    from memorywalker.samplers.openai import EndpointError
 
     class Flaky(ExpertPolicy):
         def start(self, task):

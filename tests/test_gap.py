@@ -99,7 +99,7 @@ def test_trajectories_sampled_at_a_temperature_are_compared_at_that_temperature(
     """The hf sampler at T = 0.5 records log softmax(logits / 0.5); gap divides the trainer's logits by the
     temperature the trajectory records, so the exact methods sit at the floor. Read as untempered (the
     recorded temperature removed), the same episodes show the distance between the two distributions."""
-    from memorywalker.rollout import HFPolicy
+    from memorywalker.samplers.hf import HFPolicy
 
     policy = HFPolicy(str(kit[1]), temperature=0.5, max_new_tokens=16, top_k=3)
     trajs, _ = rollout(WebSearchEnv(), policy, tokenizer, HarnessConfig("claude-code", budget=600, watermark=1.0,

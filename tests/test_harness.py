@@ -7,17 +7,17 @@ import pytest
 
 from memorywalker.records import check_trajectory
 from memorywalker.render import Renderer
+from memorywalker.render.toolcalls import parse_response
 from memorywalker.rollout import (
     COMPRESSORS,
     ExpertPolicy,
     HarnessConfig,
-    PolicyOutput,
     WebSearchEnv,
     apply_eviction,
-    parse_response,
     replay_contexts,
     run_episode,
 )
+from memorywalker.samplers.base import PolicyOutput
 
 POLICIES = list(COMPRESSORS)
 LONG_TASK = ("aggregation", 1)  # "How many of A, B, C and D are based in X?": 4 lookups, 4 pages

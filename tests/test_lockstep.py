@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memorywalker.rollout import EpisodeJob, HarnessConfig, HFPolicy, WebSearchEnv, run_episode, run_episodes
+from memorywalker.rollout import EpisodeJob, HarnessConfig, WebSearchEnv, run_episode, run_episodes
 from memorywalker.rollout.harness import call_seed
 from memorywalker.rollout.lockstep import _Rounds
+from memorywalker.samplers.hf import HFPolicy
 
 
 def plain_logprobs(model, prompt, response, temperature=1.0):
@@ -83,7 +84,7 @@ def test_rounds_batch_every_unfinished_episode(policy):
     calls = [2, 1, 3]
 
     def body(i):
-        from memorywalker.rollout import PolicyRequest
+        from memorywalker.samplers.base import PolicyRequest
 
         with rounds.cond:
             for k in range(calls[i]):

@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from memorywalker.cli.main import app
-from memorywalker.rollout.policies import OpenAIPolicy, PolicyRequest
+from memorywalker.samplers.base import PolicyRequest
+from memorywalker.samplers.openai import OpenAIPolicy
 
 COMPLETION = {"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [5, 2],
                            "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.1]}}]}

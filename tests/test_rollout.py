@@ -15,13 +15,13 @@ from memorywalker.rollout import (
     SUITES,
     ExpertPolicy,
     HarnessConfig,
-    HFPolicy,
-    OpenAIPolicy,
     WebSearchEnv,
     replay_contexts,
     rollout,
     run_episode,
 )
+from memorywalker.samplers.hf import HFPolicy
+from memorywalker.samplers.openai import OpenAIPolicy
 
 
 @pytest.fixture(scope="module")

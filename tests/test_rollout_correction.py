@@ -92,7 +92,8 @@ def test_engine_loss_is_weighted_by_the_correction(kit, tokenizer):
 
     from memorywalker.engine import Batch, EngineConfig, loss, run
     from memorywalker.render import Renderer, RenderOptions
-    from memorywalker.rollout import HarnessConfig, HFPolicy, VaultEnv, run_episode
+    from memorywalker.rollout import HarnessConfig, VaultEnv, run_episode
+    from memorywalker.samplers.hf import HFPolicy
 
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))  # length-cut responses are targets (RL)
 

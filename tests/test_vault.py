@@ -110,7 +110,7 @@ def test_the_expert_reads_boxes_and_codes_from_the_context_only():
     """No ``start(task)`` state: the boxes come from the question in the context, the codes from a
     summary's notes (bel) and a label still in the context (fen), in the question's order."""
     from memorywalker.records.schema import Message
-    from memorywalker.rollout.policies import PolicyRequest
+    from memorywalker.samplers.base import PolicyRequest
 
     def ask(*messages, purpose="act"):
         msgs = [Message(id=f"m{i}", role=role, content=text, author=author)

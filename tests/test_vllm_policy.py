@@ -19,7 +19,7 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from memorywalker.rollout.vllm_policy import EngineError, VLLMPolicy  # noqa: E402
+from memorywalker.samplers.vllm import EngineError, VLLMPolicy  # noqa: E402
 
 TOL = 1e-5  # fp32: the exactness contract's tolerance
 

@@ -19,7 +19,8 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from memorywalker.rollout.policies import EndpointError, OpenAIPolicy, PolicyRequest  # noqa: E402
+from memorywalker.samplers.base import PolicyRequest  # noqa: E402
+from memorywalker.samplers.openai import EndpointError, OpenAIPolicy  # noqa: E402
 
 STARTUP_S = 300
 

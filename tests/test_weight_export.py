@@ -42,7 +42,8 @@ def test_merged_state_dict_computes_what_the_lora_model_computes(kit):
 def test_rollout_in_lockstep_groups_writes_whole_episodes_in_plan_order(kit, tokenizer, tmp_path):
     """``rollout(..., batch=3)`` with the hf sampler: 4 episodes in groups of 3 and 1, written in plan
     order, each call's recorded logprobs those of a one-by-one greedy run (greedy: the same tokens)."""
-    from memorywalker.rollout import HarnessConfig, HFPolicy, VaultEnv, rollout
+    from memorywalker.rollout import HarnessConfig, VaultEnv, rollout
+    from memorywalker.samplers.hf import HFPolicy
 
     env = VaultEnv(0)
     cfg = HarnessConfig("none", max_steps=2)

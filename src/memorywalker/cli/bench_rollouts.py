@@ -13,7 +13,7 @@ share token for token (float rounding of the batched forward). JSON keys: ``conf
 ``max_abs_logprob_diff``.
 
 ``--vllm`` adds a third row: the same jobs in lockstep through a vLLM engine in this process
-(:class:`~memorywalker.rollout.vllm_policy.VLLMPolicy`, one ``generate`` per round of calls), timed after
+(:class:`~memorywalker.samplers.vllm.VLLMPolicy`, one ``generate`` per round of calls), timed after
 the engine started and served one warm-up request (``vllm_start_s``, ``vllm_warmup_s`` are reported
 apart). The model must be one vLLM serves (on CPU: head_dim 32, 64, 128, ...; not the default kit's 16).
 JSON adds ``vllm_s``, ``vllm_episodes_per_s``, ``vllm_calls``, ``vllm_response_tokens``; every row also
@@ -83,7 +83,8 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
                       seed: int, dtype: str = "float32") -> dict:
     from transformers import AutoTokenizer
 
-    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, HFPolicy, run_episode, run_episodes
+    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, run_episode, run_episodes
+    from memorywalker.samplers.hf import HFPolicy
 
     if model_dir is None:
         from memorywalker.modelkit import default_kit
@@ -144,7 +145,7 @@ def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness
     from transformers import AutoTokenizer
 
     from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, run_episodes
-    from memorywalker.rollout.vllm_policy import VLLMPolicy
+    from memorywalker.samplers.vllm import VLLMPolicy
 
     if model_dir is None:
         raise typer.BadParameter("--vllm needs --model: a model vLLM serves (the default kit's head_dim 16 is "

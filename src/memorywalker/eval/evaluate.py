@@ -58,7 +58,7 @@ class Candidate:
 def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) -> Candidate:
     """``expert`` (the scripted solver; needs ``tokenizer``), a model directory, or an adapter directory
     (``adapter_manifest.json`` inside: its base is loaded from the manifest and checked by hash)."""
-    from memorywalker.rollout import HFPolicy
+    from memorywalker.samplers.hf import HFPolicy
 
     if spec == "expert":
         if tokenizer is None:
@@ -175,8 +175,9 @@ def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *,
     from memorywalker.metrics.gap import gap_report
     from memorywalker.records import write_trajectories
     from memorywalker.render import Renderer, RenderOptions
-    from memorywalker.rollout import EpisodeJob, HFPolicy
+    from memorywalker.rollout import EpisodeJob
     from memorywalker.rollout.harness import call_seed
+    from memorywalker.samplers.hf import HFPolicy
 
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
     policy = HFPolicy.from_model(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens)

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from memorywalker.records.schema import Message, Trajectory
+from memorywalker.render.toolcalls import call_arguments
 from memorywalker.render.types import message_to_hf, tools_to_hf
-from memorywalker.rollout.parse import call_arguments
 from memorywalker.tree.segments import message_segments
 
 FORMATS = ("openai", "parquet", "trl")

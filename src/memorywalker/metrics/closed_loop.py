@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from memorywalker.records.schema import Call, Message, ToolCall, ToolSchema, Trajectory
-from memorywalker.rollout.parse import call_arguments
+from memorywalker.render.toolcalls import call_arguments
 
 VALIDITY = ("valid", "malformed_output", "schema_violation", "undeclared_tool", "truncated_proposal",
             "tool_execution_error")

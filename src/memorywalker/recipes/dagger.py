@@ -104,7 +104,8 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     from memorywalker.recipes.sft import SFTConfig, train
     from memorywalker.records.io import write_trajectories
     from memorywalker.render import Renderer
-    from memorywalker.rollout import HarnessConfig, HFPolicy, WebSearchEnv, make_policy, plan, run_episode
+    from memorywalker.rollout import HarnessConfig, WebSearchEnv, make_policy, plan, run_episode
+    from memorywalker.samplers.hf import HFPolicy
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

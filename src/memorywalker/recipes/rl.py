@@ -25,7 +25,7 @@ Each step:
 
 **Rollout engine.** ``rollout_engine=hf`` (default) samples with the model being trained, in process.
 ``rollout_engine=vllm`` samples with a vLLM engine started on ``model`` in this process
-(:mod:`memorywalker.rollout.vllm_policy`; one process only): after every optimizer step the trainer's
+(:mod:`memorywalker.samplers.vllm`; one process only): after every optimizer step the trainer's
 weights (a LoRA model's merged into the base) are written to shared memory and loaded by the engine's
 workers, so the next step's rollouts come from them (``weight_sync_seconds``). The gap metrics then
 measure the cross-engine mismatch, which ``tis_cap`` / ``rollout_is`` / ``rollout_rs`` correct.
@@ -56,8 +56,9 @@ from tqdm import tqdm
 from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.render import Renderer
-from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, HFPolicy, run_episodes
+from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, run_episodes
 from memorywalker.rollout.harness import call_seed
+from memorywalker.samplers.hf import HFPolicy
 from memorywalker.train.adapter import (
     engine_model,
     is_adapted,
@@ -215,15 +216,15 @@ def train(cfg: RLConfig, *, progress: bool = True, env=None,
 
 def rollout_policy(cfg: RLConfig, model, tokenizer, info):
     """The sampler of the recipe: ``hf`` samples from the model being trained (nothing to sync); ``vllm``
-    is an engine in this process started on ``cfg.model``, whose weights :meth:`~memorywalker.rollout.
-    vllm_policy.VLLMPolicy.sync_weights` replaces after every optimizer step."""
+    is an engine in this process started on ``cfg.model``, whose weights :meth:`~memorywalker.samplers.
+    vllm.VLLMPolicy.sync_weights` replaces after every optimizer step."""
     if cfg.rollout_engine == "hf":
         return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
                                    max_new_tokens=cfg.max_new_tokens)
     if info.world_size > 1:
         raise ValueError("rollout_engine=vllm runs beside one training process; with several ranks use "
                          "rollout_engine=hf (one engine per rank is not supported yet)")
-    from memorywalker.rollout.vllm_policy import VLLMPolicy
+    from memorywalker.samplers.vllm import VLLMPolicy
 
     return VLLMPolicy(cfg.model, tokenizer=tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                       dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or cfg.max_context + cfg.max_new_tokens,

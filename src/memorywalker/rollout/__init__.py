@@ -1,6 +1,6 @@
 """Rollouts under compression: environments (the web-search world and suites, vault, a local document
-corpus), harness compression policies, policy backends, and the recording loop that writes trajectory
-schema v1."""
+corpus), harness compression policies, the policy backends by name (``make_policy``; the samplers
+themselves are :mod:`memorywalker.samplers`), and the recording loop that writes trajectory schema v1."""
 
 from memorywalker.rollout.backends import BACKENDS, make_policy
 from memorywalker.rollout.compress import (
@@ -16,18 +16,9 @@ from memorywalker.rollout.expert import ExpertPolicy
 from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
 from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
 from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
-from memorywalker.rollout.parse import parse_response
-from memorywalker.rollout.policies import (
-    HFPolicy,
-    OpenAIPolicy,
-    Policy,
-    PolicyOutput,
-    PolicyRequest,
-)
 from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
 from memorywalker.rollout.suites import SUITES, make_task
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
-from memorywalker.rollout.vllm_policy import EngineError, VLLMPolicy  # vLLM itself is imported on first use
 from memorywalker.rollout.websearch import WebSearchEnv
 from memorywalker.rollout.world import World
 
@@ -42,24 +33,17 @@ __all__ = [
     "Compressor",
     "CorpusEnv",
     "CorpusExpert",
-    "EngineError",
     "Environment",
     "Episode",
     "EpisodeJob",
     "ExpertPolicy",
     "FaultConfig",
     "FaultInjector",
-    "HFPolicy",
     "HarnessConfig",
-    "OpenAIPolicy",
-    "Policy",
-    "PolicyOutput",
-    "PolicyRequest",
     "RolloutSummary",
     "StepResult",
     "VaultEnv",
     "VaultExpert",
-    "VLLMPolicy",
     "WebSearchEnv",
     "World",
     "apply_eviction",
@@ -68,7 +52,6 @@ __all__ = [
     "make_policy",
     "make_task",
     "normalize_answer",
-    "parse_response",
     "plan",
     "replay_contexts",
     "rollout",

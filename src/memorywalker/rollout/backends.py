@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from memorywalker.rollout.expert import ExpertPolicy
-from memorywalker.rollout.policies import HFPolicy, OpenAIPolicy, Policy
-from memorywalker.rollout.vllm_policy import VLLMPolicy  # vLLM itself is imported when an engine starts
+from memorywalker.samplers.base import Policy
+from memorywalker.samplers.hf import HFPolicy
+from memorywalker.samplers.openai import OpenAIPolicy
+from memorywalker.samplers.vllm import VLLMPolicy  # vLLM itself is imported when an engine starts
 
 # kind -> what follows "kind:" in a spec ("" = nothing)
 BACKENDS = {"expert": "", "hf": "MODEL_DIR", "openai": "URL", "vllm": "MODEL_DIR"}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema, Trajectory
+from memorywalker.render.toolcalls import call_arguments
 from memorywalker.rollout.corpus import (
     Corpus,
     Grade,
@@ -40,8 +41,7 @@ from memorywalker.rollout.corpus import (
     tiny_corpus,
 )
 from memorywalker.rollout.env import Environment, StepResult, split_of
-from memorywalker.rollout.parse import call_arguments
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 SYSTEM_PROMPT = (
     "You are a research assistant. Answer the question from a fixed collection of documents: search it, "

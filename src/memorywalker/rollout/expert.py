@@ -18,8 +18,8 @@ import re
 from typing import Any
 
 from memorywalker.records.schema import Message, Task, ToolCall
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
 from memorywalker.rollout.world import slug
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 NOTE_RE = re.compile(r"^- (.+?) \| (.+?): (.*)$", re.M)
 RESULT_RE = re.compile(r"^\d+\. \[([^\]]+)\] (.+?): ", re.M)

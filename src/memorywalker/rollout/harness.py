@@ -24,11 +24,11 @@ from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.records.validate import RecordError
 from memorywalker.render.render import KNOWN_EOT
+from memorywalker.render.toolcalls import CALL_FORMAT, call_arguments, parse_response
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout.compress import Compressor, make_compressor
 from memorywalker.rollout.env import Environment
-from memorywalker.rollout.parse import CALL_FORMAT, call_arguments, parse_response
-from memorywalker.rollout.policies import Policy, PolicyRequest
+from memorywalker.samplers.base import Policy, PolicyRequest
 
 
 @dataclass

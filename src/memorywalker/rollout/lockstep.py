@@ -5,8 +5,8 @@ of a GRPO group, or of an evaluation, are independent. :func:`run_episodes` runs
 on a shallow copy of the environment; a thread runs only while it holds the round's lock, so the
 episodes' harness and environment code never runs concurrently (tokenizers and environments need no
 thread safety). When every unfinished episode waits on a model call, the calls go to the policy's
-``generate_batch`` together, in episode order (:meth:`~memorywalker.rollout.policies.HFPolicy.generate_batch`:
-one batched forward per token; :meth:`~memorywalker.rollout.vllm_policy.VLLMPolicy.generate_batch`: one
+``generate_batch`` together, in episode order (:meth:`~memorywalker.samplers.hf.HFPolicy.generate_batch`:
+one batched forward per token; :meth:`~memorywalker.samplers.vllm.VLLMPolicy.generate_batch`: one
 vLLM ``generate`` of all the requests), and each thread continues with its own response. Which episodes share a round depends only on the episodes,
 not on thread timing, so a run is deterministic.
 
@@ -24,7 +24,7 @@ from typing import Any
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.harness import HarnessConfig, run_episode
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 
 @dataclass

@@ -20,7 +20,7 @@ from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.harness import HarnessConfig, call_seed, run_episode
-from memorywalker.rollout.policies import Policy
+from memorywalker.samplers.base import Policy
 
 
 @dataclass

@@ -39,7 +39,7 @@ from typing import Any
 
 from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema
 from memorywalker.rollout.env import Environment, StepResult, normalize_answer, split_of
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 NAMES = ["kal", "mor", "tis", "ven", "dax", "lum", "pov", "rin", "sab", "tor", "bel", "cuz", "fen", "gil",
          "hap", "jor", "kiv", "lex", "mab", "nox", "orb", "pim", "quo", "ras", "sul", "tam", "vik", "wex",

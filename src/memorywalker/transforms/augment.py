@@ -34,7 +34,7 @@ from typing import Any
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
 from memorywalker.rollout.env import Environment, StepResult
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 TRANSFORM, VERSION = "augment", "1"
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, ToolCall, Trajectory
+from memorywalker.render.toolcalls import call_arguments, parse_response
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.harness import call_seed
-from memorywalker.rollout.parse import call_arguments, parse_response
-from memorywalker.rollout.policies import Policy, PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import Policy, PolicyOutput, PolicyRequest
 
 TRANSFORM, VERSION = "dagger", "1"
 

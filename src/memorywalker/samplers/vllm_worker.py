@@ -1,5 +1,5 @@
-"""Runs inside vLLM's worker processes: the weight-sync entry point of :class:`~memorywalker.rollout.
-vllm_policy.VLLMPolicy` (``worker_extension_cls``: vLLM mixes this class into its worker, so
+"""Runs inside vLLM's worker processes: the weight-sync entry point of :class:`~memorywalker.samplers.
+vllm.VLLMPolicy` (``worker_extension_cls``: vLLM mixes this class into its worker, so
 ``LLM.collective_rpc("memorywalker_load_weights", args=(path,))`` calls the method below on every worker).
 
 The trainer writes the weights as one safetensors file in shared memory (``/dev/shm``) and only the path

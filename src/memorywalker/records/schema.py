@@ -31,7 +31,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 # keys, folded blocks): text the harness inserted that no model response or environment produced.
 Author = Literal["system", "user", "model", "environment", "harness"]
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error", "unknown"]
-EvictionKind = Literal["summarize", "prune", "truncate", "fold", "memory-offload", "placeholder", "other"]
+# ``template-drift`` is a branch no compression made: an earlier response came back as text that renders
+# to other token ids than were sampled (recorded by the gateway, which sees the ids).
+EvictionKind = Literal["summarize", "prune", "truncate", "fold", "memory-offload", "placeholder", "other",
+                       "template-drift"]
 Split = Literal["train", "valid", "test"]
 # What a call was for: the agent acting, or a harness-side call whose response is itself a
 # compression artifact (a compaction summary the model was asked to write, a fold of recent steps).

@@ -33,7 +33,7 @@ REASONS: dict[str, str] = {
     # identity
     "duplicate_message_id": "two messages share an id",
     "duplicate_call_id": "two calls share an id",
-    "duplicate_tool_call_id": "two tool calls in the trajectory share an id",
+    "duplicate_tool_call_id": "two tool calls in one call's context and response share an id",
     # references
     "unknown_message_id": "a call's context names a message that is not in the message table",
     "unknown_response_id": "a call's response names a message that is not in the message table",
@@ -111,12 +111,10 @@ def check_trajectory(traj: Trajectory, vocab_size: int | None = None) -> None:
             raise RecordError("duplicate_message_id", f"message id {m.id!r} appears twice")
         table[m.id] = m
 
-    tool_call_ids: set[str] = set()
+    # Tool-call ids are unique within what one call sees (its context and response), not across the
+    # trajectory: a response the harness sent back re-serialized (template drift) is a second message
+    # with the same tool calls, in other contexts than the first.
     for m in traj.messages:
-        for tc in m.tool_calls:
-            if tc.id in tool_call_ids:
-                raise RecordError("duplicate_tool_call_id", f"tool call id {tc.id!r} appears twice")
-            tool_call_ids.add(tc.id)
         if m.role == "tool" and not m.tool_call_id:
             raise RecordError("tool_result_missing_id", f"tool message {m.id!r} has no tool_call_id")
 
@@ -144,7 +142,7 @@ def check_trajectory(traj: Trajectory, vocab_size: int | None = None) -> None:
             )
         if call.response in call.context:
             raise RecordError("response_in_context", f"{where} response {call.response!r} is also in its context")
-        _check_tool_binding(where, [table[mid] for mid in call.context])
+        _check_tool_binding(where, [table[mid] for mid in call.context], table[call.response])
         if call.tools is not None:
             missing = [t for t in call.tools if t not in tool_names]
             if missing:
@@ -159,11 +157,14 @@ def check_trajectory(traj: Trajectory, vocab_size: int | None = None) -> None:
                 raise RecordError("eviction_unknown_message", f"eviction before {ev.before_call!r} names {mid!r}")
 
 
-def _check_tool_binding(where: str, context) -> None:
+def _check_tool_binding(where: str, context, response) -> None:
     issued: set[str] = set()
-    for m in context:
+    for m in [*context, response]:
         if m.role == "assistant":
-            issued.update(tc.id for tc in m.tool_calls)
+            for tc in m.tool_calls:
+                if tc.id in issued:
+                    raise RecordError("duplicate_tool_call_id", f"{where}: tool call id {tc.id!r} appears twice")
+                issued.add(tc.id)
         elif m.role == "tool" and m.tool_call_id not in issued:
             raise RecordError(
                 "tool_result_without_call",

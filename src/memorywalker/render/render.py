@@ -173,6 +173,35 @@ class Renderer:
             pos = end
         return spans
 
+    # --- serving (the gateway renders each request once) -----------------------------------------
+
+    def prompt_text(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        """The context rendered with the generation prompt, as an inference server renders it."""
+        return self._apply([message_to_hf(m) for m in messages], tools, generation_prompt=True)
+
+    def encode_continuing(self, text: str, cache: _TrajectoryCache) -> list[int]:
+        """Token ids of ``text`` that keep the ids of the longest remembered sequence it extends.
+
+        A session's next prompt usually extends the previous call's prompt plus its sampled response;
+        re-tokenizing that response could give other ids than were sampled (a model may emit a
+        non-canonical tokenization of its text). The remembered ids are kept up to their last special
+        token (:meth:`_encode_prompt`), so what was sampled is delivered as sampled.
+        """
+        return self._encode_prompt(text, cache)[0]
+
+    def remember(self, cache: _TrajectoryCache, prompt_text: str, prompt_ids: list[int], response_ids: list[int]) -> None:
+        """Remember ``S_t`` (a prompt and its sampled response) for :meth:`encode_continuing`."""
+        starts, pos = [], len(prompt_text)
+        for i in range(len(response_ids)):
+            starts.append(pos)
+            pos = len(prompt_text) + len(self.tok.decode(response_ids[: i + 1], skip_special_tokens=False))
+        text = prompt_text + self.tok.decode(response_ids, skip_special_tokens=False)
+        _, prompt_starts = self._encode(prompt_text) if not cache.prompts or cache.prompts[-1][0] != prompt_text \
+            else (None, cache.prompts[-1][2])
+        cache.prompts.append((text, list(prompt_ids) + list(response_ids),
+                              np.concatenate([prompt_starts, np.asarray(starts, dtype=np.int64)])))
+        del cache.prompts[:-4]
+
     # --- one call ---------------------------------------------------------------------------------
 
     def render_call(self, traj: Trajectory, index: int, cache: _TrajectoryCache | None = None) -> RenderedCall:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memorywalker.records.schema import Message, Trajectory
+from memorywalker.records.schema import Message, ToolSchema, Trajectory
 
 if TYPE_CHECKING:
     from memorywalker.render.fullview import FullView
@@ -85,7 +85,11 @@ def message_to_hf(m: Message) -> dict[str, Any]:
 
 
 def tools_to_hf(traj: Trajectory, names: list[str] | None) -> list[dict[str, Any]] | None:
-    table = traj.tools if names is None else [t for t in traj.tools if t.name in set(names)]
+    return schemas_to_hf(traj.tools if names is None else [t for t in traj.tools if t.name in set(names)])
+
+
+def schemas_to_hf(table: list[ToolSchema]) -> list[dict[str, Any]] | None:
+    """Tool schemas as the ``tools`` argument of chat templates (None when there are none)."""
     if not table:
         return None
     return [{"type": "function", "function": t.model_dump(mode="json")} for t in table]

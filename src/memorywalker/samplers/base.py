@@ -24,6 +24,7 @@ class PolicyRequest:
     purpose: str  # "act" | "summarize" | "fold"
     call_index: int
     seed: int  # per-call sampling seed
+    max_new_tokens: int | None = None  # this call's limit (None: the sampler's own)
 
 
 @dataclass

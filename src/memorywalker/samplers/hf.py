@@ -146,6 +146,26 @@ class HFPolicy:
                 logits = out.logits[0, -1]
         return PolicyOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=tops, finish_reason=finish)
 
+    def score(self, prompt: list[int], response: list[int]) -> list[float]:
+        """Teacher-forced logprobs of ``response`` after ``prompt``, of the distribution :meth:`generate` records
+        (``softmax(logits / T)``; untempered when greedy). Reuses the KV cache like :meth:`generate`, so a
+        scripted response is scored at the cost of its own tokens."""
+        import torch
+
+        if not response:
+            return []
+        with torch.no_grad():
+            first = self._prefill(prompt)  # [V]: predicts response[0]
+            rest = response[:-1]
+            logits = [first[None]]
+            if rest:
+                ids = torch.tensor([rest], device=self.device)
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=len(rest), **{self._cache_kw: self._cache})
+                self._cached += rest
+                logits.append(out.logits[0])  # [len(rest), V]
+            lp = torch.log_softmax(torch.cat(logits).float() / self._recorded_temperature, dim=-1)
+            return lp.gather(1, torch.tensor(response, device=lp.device)[:, None])[:, 0].tolist()
+
     def generate_batch(self, prompts: list[list[int]], *, seeds: list[int],
                        max_new_tokens: int | None = None) -> list[PolicyOutput]:
         """:meth:`generate` for several prompts in one batched forward per token (left-padded, each row

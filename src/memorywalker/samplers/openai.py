@@ -52,7 +52,8 @@ class OpenAIPolicy:
                 "max_new_tokens": self.max_new_tokens, "top_k": self.top_k}
 
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        body = {"model": self.model, "prompt": list(request.prompt_ids), "max_tokens": self.max_new_tokens,
+        body = {"model": self.model, "prompt": list(request.prompt_ids),
+                "max_tokens": request.max_new_tokens or self.max_new_tokens,
                 "temperature": self.temperature, "seed": request.seed, "logprobs": self.top_k,
                 "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
         if self.stop_ids is not None:

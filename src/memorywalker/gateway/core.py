@@ -1,0 +1,252 @@
+"""The gateway's core, free of HTTP: a request in, rendered once, sampled, recorded, a reply out.
+
+For each call: the session is found (the harness's session header; without one, the open session
+whose last sequence the prompt extends), tool-call arguments the harness sends back are restored to
+the text that was sampled when they mean the same JSON (:meth:`Session.restore`), the messages are
+rendered by the model's chat template, the prompt is tokenized keeping the ids of the sequence it
+extends (:meth:`Renderer.encode_continuing`), the backend samples, the sampled text is parsed into
+text and tool calls (the template's parser), and the call is journaled (fsynced) before the reply
+leaves. ``usage`` reports the exact prompt length, so a harness compacts as it would deployed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.gateway.backends import Backend, Pending
+from memorywalker.gateway.dialect import BadRequest, Reply, Request, assign_ids, message_id, new_id
+from memorywalker.gateway.journal import Journal, read_journal, session_file
+from memorywalker.gateway.trajectory import build_session
+from memorywalker.records.io import TrajectoryWriter
+from memorywalker.records.schema import Message, ToolCall
+from memorywalker.render.render import Renderer, _TrajectoryCache
+from memorywalker.render.toolcalls import parse_response
+from memorywalker.render.types import schemas_to_hf
+
+# Summarization requests, recognized by the prompt each harness sends (its own text; see docs/gateway.md).
+SUMMARY_PROMPTS = {
+    "claude-code": re.compile(r"create a detailed summary of the conversation", re.I),
+    "codex": re.compile(r"CONTEXT CHECKPOINT COMPACTION", re.I),
+    "opencode": re.compile(r"(summariz|summar)\w* .{0,80}conversation|continuing our conversation", re.I | re.S),
+}
+
+
+def purpose_of(messages: list[Message]) -> str:
+    """``summarize`` when the last user or system message is a known summarization prompt, else ``act``."""
+    last = next((m.content for m in reversed(messages) if m.role in ("user", "system")), "")
+    tail = last[-4000:]
+    return "summarize" if any(p.search(tail) for p in SUMMARY_PROMPTS.values()) else "act"
+
+
+@dataclass
+class Session:
+    id: str
+    source: str  # "header:<name>" | "prefix"
+    journal: Journal
+    cache: _TrajectoryCache = field(default_factory=_TrajectoryCache)
+    sampled_args: dict[str, Any] = field(default_factory=dict)  # tool-call id -> arguments as sampled
+    last_sequence: list[int] = field(default_factory=list)
+    calls: int = 0
+    compactions: int = 0
+    tokens: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def restore(self, messages: list[Message]) -> None:
+        """Tool calls the harness echoes back with the same JSON get the argument text that was sampled."""
+        for m in messages:
+            for tc in m.tool_calls:
+                sampled = self.sampled_args.get(tc.id)
+                if sampled is not None and sampled != tc.arguments and _same_json(sampled, tc.arguments):
+                    tc.arguments = sampled
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    import json
+
+    def load(x):
+        if isinstance(x, str):
+            try:
+                return json.loads(x)
+            except json.JSONDecodeError:
+                return x
+        return x
+
+    return load(a) == load(b)
+
+
+class Gateway:
+    """Sessions, rendering, sampling and recording for every dialect (see the module docstring)."""
+
+    def __init__(self, renderer: Renderer, backend: Backend, out: str | Path, *, model_name: str,
+                 max_positions: int, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
+                 keep_requests: bool = True, redact: bool = False):
+        self.renderer, self.backend, self.out = renderer, backend, Path(out)
+        self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
+        self.seed, self.harness, self.keep_requests, self.redact = seed, harness, keep_requests, redact
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.stats = {"calls": 0, "errors": 0, "sessions": 0}
+
+    # --- sessions ---------------------------------------------------------------------------------
+
+    def session_for(self, header: tuple[str, str] | None, prompt_ids: list[int] | None = None) -> Session:
+        with self._lock:
+            if header is not None:
+                name, value = header
+                sid = value
+                source = f"header:{name}"
+            else:
+                # No header: the open session whose last sequence this prompt extends the most.
+                best = max((s for s in self.sessions.values() if s.source == "prefix" and s.last_sequence
+                            and prompt_ids[: len(s.last_sequence)] == s.last_sequence),
+                           key=lambda s: len(s.last_sequence), default=None)
+                if best is not None:
+                    return best
+                sid, source = f"anon-{int(time.time())}-{len(self.sessions)}", "prefix"
+            session = self.sessions.get(sid)
+            if session is None:
+                session = Session(sid, source, Journal(session_file(self.out, sid)))
+                self.sessions[sid] = session
+                self.stats["sessions"] += 1
+            return session
+
+    # --- one call ---------------------------------------------------------------------------------
+
+    def render(self, request: Request, session: Session | None) -> tuple[str, list[int]]:
+        """The prompt text and its token ids (continuing the session's sampled ids where the text extends them)."""
+        from jinja2 import TemplateError
+
+        if session is not None:
+            session.restore(request.messages)
+        assign_ids(request.messages)
+        try:
+            text = self.renderer.prompt_text(request.messages, schemas_to_hf(request.tools))
+        except TemplateError as e:
+            raise BadRequest(f"the model's chat template refuses this conversation: {e}") from None
+        cache = session.cache if session is not None else _TrajectoryCache()
+        ids = self.renderer.encode_continuing(text, cache)
+        if self.renderer.tok.decode(ids, skip_special_tokens=False) != text:  # never deliver other text than rendered
+            ids = self.renderer.tok(text, add_special_tokens=False)["input_ids"]
+        return text, ids
+
+    def count_tokens(self, request: Request) -> int:
+        return len(self.render(request, None)[1])
+
+    def serve(self, request: Request, header: tuple[str, str] | None, raw: dict | None = None) -> tuple[Reply, dict]:
+        """Sample a reply to ``request`` and journal the call; returns the reply and the journal record."""
+        started = time.monotonic()
+        session = self.session_for(header) if header else self.session_for(None, self.render(request, None)[1])
+        with session.lock:  # one call of a session at a time: its sequence order is the journal's
+            text, ids = self.render(request, session)
+            if len(ids) >= self.max_positions:
+                raise BadRequest(f"prompt is too long: {len(ids)} tokens > {self.max_positions - 1} maximum "
+                                 f"(the served model has {self.max_positions} positions)", status=413)
+            limit = min(request.max_tokens or self.max_new_tokens, self.max_new_tokens, self.max_positions - len(ids))
+            purpose = purpose_of(request.messages)
+            with self._lock:
+                self._counter += 1
+                seed = self.seed * 1_000_003 + self._counter
+            out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
+                                              purpose))
+            reply, response = self._reply(request, out, len(ids))
+            response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == message_id(response)))
+            record = {
+                "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
+                "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
+                "harness": self.harness, "purpose": purpose, "backend": self.backend.name,
+                "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
+                "tools": [t.model_dump(mode="json") for t in request.tools],
+                "response": response.model_dump(mode="json", exclude_none=True),
+                "context_tokens": ids, "response_tokens": out.token_ids,
+                "rollout_logprobs": out.logprobs, "finish_reason": reply.finish,
+                "parse_error": reply.parse_error, "ignored": request.ignored,
+                "latency_s": round(time.monotonic() - started, 4),
+            }
+            if self.keep_requests and raw is not None:
+                record["request"] = raw
+            session.journal.append(record)
+            for tc in response.tool_calls:
+                session.sampled_args[tc.id] = tc.arguments
+            self.renderer.remember(session.cache, text, ids, out.token_ids)
+            session.last_sequence = ids + out.token_ids
+            session.calls += 1
+            session.compactions += purpose == "summarize"
+            session.tokens += len(ids) + len(out.token_ids)
+            session.last_seen = time.monotonic()
+            self.stats["calls"] += 1
+        return reply, record
+
+    def _reply(self, request: Request, out, prompt_len: int) -> tuple[Reply, Message]:
+        """The client's reply and the recorded response message, both from the sampled ids."""
+        ids = list(out.token_ids)
+        body = ids[:-1] if ids and ids[-1] in self.renderer.eot_ids and out.finish_reason != "length" else ids
+        text = self.renderer.tok.decode(body, skip_special_tokens=False)
+        parsed = parse_response(text)
+        offered = {t.name for t in request.tools}
+        prefix = "toolu_" if request.dialect == "anthropic" else "call_"
+        error = None if parsed.error in (None, "no tool call") else parsed.error
+        if parsed.tool_calls and any(not isinstance(a, dict) for _, a in parsed.tool_calls):
+            error = "tool-call arguments are not a JSON object"
+        if parsed.tool_calls and not error and out.finish_reason != "length":
+            calls = [ToolCall(id=new_id(prefix), name=n, arguments=a) for n, a in parsed.tool_calls]
+            content, finish = parsed.content, "tool_calls"
+            unknown = sorted({c.name for c in calls} - offered)
+            error = f"calls tools not offered: {unknown}" if unknown else None
+        else:
+            calls, content = [], text
+            finish = "length" if out.finish_reason == "length" else "stop"
+        response = Message(id="", role="assistant", content=content, tool_calls=calls)
+        reply = Reply(content=content, tool_calls=calls, finish=finish, input_tokens=prompt_len,
+                      output_tokens=len(ids), parse_error=error)
+        return reply, response
+
+    # --- trajectories -----------------------------------------------------------------------------
+
+    def finalize(self, session_id: str) -> int:
+        """Write the session's trajectories to ``OUT/trajectories.jsonl`` and retire its journal; returns how many."""
+        with self._lock:
+            session = self.sessions.pop(session_id, None)
+        if session is None:
+            return 0
+        session.journal.close()
+        return finalize_journal(session.journal.path, self.out)
+
+    def finalize_idle(self, idle_s: float) -> int:
+        now = time.monotonic()
+        idle = [s.id for s in list(self.sessions.values()) if now - s.last_seen >= idle_s and not s.lock.locked()]
+        return sum(self.finalize(sid) for sid in idle)
+
+    def close(self) -> int:
+        return sum(self.finalize(sid) for sid in list(self.sessions))
+
+
+def finalize_journal(path: Path, out: Path) -> int:
+    """A journal's trajectories appended to ``out/trajectories.jsonl``; the journal moves to ``.done``."""
+    records, problems = read_journal(path)
+    calls = [r for r in records if r.get("kind") == "call"]
+    n = 0
+    if calls:
+        trajectories = build_session(records, calls[0]["session"])
+        with TrajectoryWriter(out / "trajectories.jsonl", mode="a") as w:
+            for t in trajectories:
+                t.meta["journal"] = str(path.name)
+                if problems:
+                    t.meta["journal_problems"] = problems
+                w.write(t)
+        n = len(trajectories)
+    path.rename(path.with_suffix(".jsonl.done"))
+    return n
+
+
+def finalize_all(out: str | Path) -> int:
+    """Finalize every journal left in ``out/sessions`` (a gateway that was killed); returns the trajectories written."""
+    root = Path(out) / "sessions"
+    return sum(finalize_journal(p, Path(out)) for p in sorted(root.glob("*.jsonl"))) if root.exists() else 0

@@ -1,0 +1,141 @@
+"""What every wire dialect turns a request into, and what it turns back into its own JSON and SSE.
+
+A dialect module (:mod:`.anthropic`, :mod:`.responses`, :mod:`.chat`) has four functions:
+
+* ``parse(body) -> Request`` — the request as schema-v1 messages and tool schemas, or :class:`BadRequest`;
+* ``reply_json(reply, request) -> dict`` — the non-streaming answer;
+* ``reply_events(reply, request) -> Iterator[str]`` — the SSE stream the dialect's official SDK accepts;
+* ``error_json(status, message) -> dict`` — the dialect's error shape.
+
+Message ids are content addresses (:func:`message_id`): the same message sent in two calls of a
+session gets the same id, so the calls' contexts share their prefix by id as well as by tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from memorywalker.records.schema import Message, ToolCall, ToolSchema
+
+Finish = Literal["stop", "tool_calls", "length"]
+
+
+class BadRequest(ValueError):
+    """A request the gateway cannot serve; ``status`` is the HTTP status its dialect answers with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Request:
+    """One model call as the harness asked for it, in schema-v1 terms (ids assigned by :func:`assign_ids`)."""
+
+    dialect: str
+    model: str
+    messages: list[Message]
+    tools: list[ToolSchema]
+    stream: bool = False
+    max_tokens: int | None = None
+    include_usage: bool = False  # chat: stream_options.include_usage
+    ignored: list[str] = field(default_factory=list)  # what the request held that is not delivered (said, not hidden)
+
+
+@dataclass
+class Reply:
+    """The response as the client receives it: text and/or tool calls, or text only when parsing failed."""
+
+    content: str
+    tool_calls: list[ToolCall]
+    finish: Finish
+    input_tokens: int
+    output_tokens: int
+    parse_error: str | None = None  # the sampled text did not parse as tool calls and goes back as text
+    id: str = field(default_factory=lambda: secrets.token_hex(12))
+
+
+def text_of(parts: Any, *, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """The text of a string or a list of ``{"type": kind, "text": ...}`` parts, joined by blank lines.
+
+    >>> text_of([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], where="x")
+    'a\\n\\nb'
+    """
+    if parts is None:
+        return ""
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list):
+        raise BadRequest(f"{where}: content must be a string or a list of parts, not {type(parts).__name__}")
+    texts = []
+    for i, p in enumerate(parts):
+        if not isinstance(p, dict) or p.get("type") not in kinds:
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            raise BadRequest(f"{where}[{i}]: unsupported content part {kind!r} (a text model takes {', '.join(kinds)})")
+        texts.append(need(p, "text", str, f"{where}[{i}]"))
+    return "\n\n".join(texts)
+
+
+def need(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]``, which must exist and be a ``kind``; otherwise a 400 naming the field."""
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise BadRequest(f"{where}.{key}: required")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _tuple(kind)):
+        names = "/".join(k.__name__ for k in _tuple(kind))
+        raise BadRequest(f"{where}.{key}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
+    return need(obj, key, kind, where) if obj.get(key) is not None else default
+
+
+def _tuple(kind) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def arguments_of(raw: str, where: str) -> dict[str, Any] | str:
+    """Tool-call arguments sent as a JSON string: the dict, kept as the raw text when it is not an object."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    return value if isinstance(value, dict) else raw
+
+
+def arguments_text(arguments: dict[str, Any] | str) -> str:
+    """Arguments as the JSON text the client receives: the sampled text itself for a raw string."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def message_id(m: Message, occurrence: int = 0) -> str:
+    """A content address: role, content, reasoning, tool calls and tool-result binding (not author/meta).
+
+    The ``occurrence``-th repeat of the same message inside one context gets its own id.
+    """
+    key = json.dumps([m.role, m.content, m.reasoning, [[t.id, t.name, t.arguments] for t in m.tool_calls],
+                      m.tool_call_id, m.name], ensure_ascii=False, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"m{digest}" if occurrence == 0 else f"m{digest}-{occurrence}"
+
+
+def assign_ids(messages: list[Message]) -> list[Message]:
+    """Give each message its content address (repeats within the list numbered by occurrence)."""
+    seen: Counter[str] = Counter()
+    for m in messages:
+        base = message_id(m)
+        m.id = message_id(m, seen[base])
+        seen[base] += 1
+    return messages
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"

@@ -40,7 +40,8 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
                            temperature=temperature, dtype=dtype, max_new_tokens=max_new_tokens, model=lm,
                            max_positions=positions)
     return Gateway(renderer, sampler, out, model_name=Path(str(model)).name or str(model), max_positions=positions,
-                   max_new_tokens=max_new_tokens, seed=seed, harness=harness, keep_requests=keep_requests)
+                   max_new_tokens=max_new_tokens, seed=seed, harness=harness, keep_requests=keep_requests,
+                   temperature=temperature if temperature > 0 else 1.0)
 
 
 def gateway(

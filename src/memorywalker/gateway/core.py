@@ -85,10 +85,12 @@ class Gateway:
 
     def __init__(self, renderer: Renderer, backend: Backend, out: str | Path, *, model_name: str,
                  max_positions: int, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
+                 temperature: float = 1.0,
                  keep_requests: bool = True, redact: bool = False):
         self.renderer, self.backend, self.out = renderer, backend, Path(out)
         self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
         self.seed, self.harness, self.keep_requests, self.redact = seed, harness, keep_requests, redact
+        self.temperature = temperature  # of the distribution the recorded logprobs are of (1 when greedy)
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._counter = 0
@@ -162,6 +164,7 @@ class Gateway:
                 "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
                 "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
                 "harness": self.harness, "purpose": purpose, "backend": self.backend.name,
+                "temperature": self.temperature,
                 "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
                 "tools": [t.model_dump(mode="json") for t in request.tools],
                 "response": response.model_dump(mode="json", exclude_none=True),

@@ -142,6 +142,7 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
         id=trajectory_id, messages=list(table.values()), calls=out_calls, evictions=evictions,
         tools=list(tools.values()), lineage=lineage or Lineage(source="gateway"),
         meta={"session": first.get("session"), "model": first.get("model"), "harness": first.get("harness"),
+              "policy": {"name": first.get("backend"), "temperature": first.get("temperature", 1.0)},
               "branches": dict(counts), "template_drift": counts["template-drift"]})
 
 

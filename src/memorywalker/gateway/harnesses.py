@@ -1,0 +1,156 @@
+"""Real harnesses pointed at the gateway: their settings, and one session run in a fresh workdir.
+
+Each :class:`Harness` knows its command line for one non-interactive task, the environment and config
+files that send its model calls to the gateway with no account, and the setting that moves its own
+auto-compaction threshold (so a short session reaches it). Checked with the pinned npm versions
+(:data:`PINNED`), offline against 127.0.0.1; ``memorywalker gateway --settings`` prints them.
+
+* ``claude-code`` — ``claude -p PROMPT --model NAME``, ``ANTHROPIC_BASE_URL``; Anthropic Messages with
+  header ``X-Claude-Code-Session-Id``. Compaction: ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (the window it
+  assumes) and ``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` (the percentage that triggers), against the ``usage``
+  the gateway reports.
+* ``codex`` — ``codex exec`` with a ``model_providers.local`` entry (``wire_api="responses"``) and
+  ``CODEX_HOME``; OpenAI Responses with header ``session-id``. Compaction: ``model_auto_compact_token_limit``.
+* ``opencode`` — ``opencode run`` with an ``opencode.json`` provider (``@ai-sdk/openai-compatible``,
+  ``baseURL``, the model's ``limit.context``); Chat Completions with header ``x-session-id``; a
+  title-generation call comes first. Compaction: ``limit.context`` (it compacts near the limit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PINNED = {"claude-code": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0",
+          "opencode": "opencode-ai@1.18.33"}
+BINARIES = {"claude-code": "claude", "codex": "codex", "opencode": "opencode"}
+
+
+@dataclass
+class Setup:
+    """What a harness process needs: argv, environment additions, files to write (path → text)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[Path, str] = field(default_factory=dict)
+
+
+def find_binary(harness: str, bin_dir: str | os.PathLike | None = None) -> str:
+    """The harness's executable: in ``bin_dir``, ``$MEMORYWALKER_HARNESS_BIN``, or on PATH."""
+    name = BINARIES[harness]
+    for d in (bin_dir, os.environ.get("MEMORYWALKER_HARNESS_BIN")):
+        if d and (Path(d) / name).exists():
+            return str(Path(d) / name)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} ({harness}) not found: `npm install {PINNED[harness]}` and put its "
+                                "node_modules/.bin on PATH or in MEMORYWALKER_HARNESS_BIN")
+    return found
+
+
+def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir: Path, home: Path,
+          compact_tokens: int | None = None, binary: str | None = None) -> Setup:
+    """How to run ``harness`` on ``prompt`` in ``workdir`` against the gateway at ``url``.
+
+    ``compact_tokens``: make the harness's own auto-compaction trigger once a prompt passes about that
+    many tokens (None: its default, far beyond a short session).
+    """
+    exe = binary or BINARIES[harness]
+    if harness == "claude-code":
+        env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+               "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
+        if compact_tokens is not None:
+            env |= {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(compact_tokens * 2), "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "50"}
+        return Setup([exe, "-p", prompt, "--model", model, "--dangerously-skip-permissions"], env)
+    if harness == "codex":
+        provider = f'{{name="memorywalker",base_url="{url}/v1",wire_api="responses",env_key="OPENAI_API_KEY"}}'
+        argv = [exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                "-c", "model_provider=memorywalker", "-c", f"model_providers.memorywalker={provider}", "-m", model]
+        if compact_tokens is not None:
+            argv += ["-c", f"model_auto_compact_token_limit={compact_tokens}"]
+        codex_home = home / ".codex"
+        return Setup([*argv, prompt], {"OPENAI_API_KEY": key, "CODEX_HOME": str(codex_home)},
+                     {codex_home / ".keep": ""})
+    if harness == "opencode":
+        context = compact_tokens * 2 if compact_tokens is not None else 1_000_000
+        config = {"$schema": "https://opencode.ai/config.json", "model": f"memorywalker/{model}",
+                  "provider": {"memorywalker": {"npm": "@ai-sdk/openai-compatible", "name": "memorywalker",
+                                                "options": {"baseURL": f"{url}/v1", "apiKey": key},
+                                                "models": {model: {"name": model, "tool_call": True,
+                                                                   "limit": {"context": context, "output": 4096}}}}},
+                  "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"}, "autoupdate": False,
+                  "share": "disabled"}
+        return Setup([exe, "run", "--model", f"memorywalker/{model}", prompt],
+                     {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"},
+                     {workdir / "opencode.json": json.dumps(config, indent=2)})
+    raise ValueError(f"unknown harness {harness!r}; valid: {sorted(PINNED)}")
+
+
+def settings_text(url: str, model: str, key: str) -> str:
+    """The settings of every harness for a gateway at ``url`` (what ``memorywalker gateway --settings`` prints)."""
+    out = []
+    for name in PINNED:
+        s = setup(name, "<task>", url=url, model=model, key=key, workdir=Path("."), home=Path("~"))
+        out.append(f"# {name} ({PINNED[name]})")
+        out += [f"export {k}={v}" for k, v in s.env.items()]
+        for path, text in s.files.items():
+            if text:
+                out.append(f"cat > {path} <<'EOF'\n{text}\nEOF")
+        out.append(" ".join(a if a.isidentifier() or a.startswith("-") else repr(a) for a in s.argv) + "\n")
+    return "\n".join(out)
+
+
+@dataclass
+class HarnessRun:
+    harness: str
+    workdir: Path
+    returncode: int | None  # None: killed at the deadline
+    seconds: float
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "memorywalker",
+                files: dict[str, str] | None = None, deadline_s: float = 600, compact_tokens: int | None = None,
+                bin_dir: str | None = None, workdir: Path | None = None, keep: bool = True) -> HarnessRun:
+    """Run one ``harness`` session on ``prompt`` in a fresh workdir (``files`` placed in it) with a private
+    HOME, killed (its whole process group) at ``deadline_s``."""
+    binary = find_binary(harness, bin_dir)
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=f"mw-{harness}-"))
+    home = workdir.parent / f"{workdir.name}.home"
+    workdir.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    for name, text in (files or {}).items():
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text(text)
+    s = setup(harness, prompt, url=url, model=model, key=key, workdir=workdir, home=home,
+              compact_tokens=compact_tokens, binary=binary)
+    for path, text in s.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_"))}
+    env |= {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
+            "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state"),
+            "NO_COLOR": "1", "CI": "1"} | s.env
+    started = time.monotonic()
+    proc = subprocess.Popen(s.argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=deadline_s)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        code = None
+    return HarnessRun(harness, workdir, code, time.monotonic() - started, stdout, stderr)

@@ -4,8 +4,9 @@ Request → schema-v1 messages: ``system`` (a string or text blocks) is one syst
 message's text blocks become one user message each run of them, each ``tool_result`` block a ``tool``
 message (in block order, so Claude Code's [tool_result, <system-reminder> text] stays in that order);
 an assistant message's text, ``thinking`` and ``tool_use`` blocks become one assistant message.
-``cache_control`` and server tools (``web_search_...``) are not delivered and are listed in
-``Request.ignored``.
+``cache_control``, Claude Code's ``x-anthropic-billing-header`` system block and server tools
+(``web_search_...``) are not delivered and are listed in ``Request.ignored``; ``role: "system"``
+messages (Claude Code sends the date and deferred tools that way) are system messages in place.
 
 Streaming follows the documented event sequence: ``message_start``, per content block
 ``content_block_start`` / ``content_block_delta`` (``text_delta`` or ``input_json_delta``) /
@@ -16,6 +17,7 @@ https://docs.anthropic.com/en/api/messages-streaming
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,7 @@ from memorywalker.gateway.dialect import (
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 
 NAME = "anthropic"
+BILLING = re.compile(r"x-anthropic-billing-header:[^\n]*\Z")
 STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 # https://docs.anthropic.com/en/api/errors
 ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -48,16 +51,24 @@ def parse(body: Any) -> Request:
     system = body.get("system")
     if system:
         if isinstance(system, list):
-            ignored += ["system.cache_control"] if any(isinstance(b, dict) and "cache_control" in b for b in system) else []
-            system = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in system]
+            system = _uncached(system, ignored)
+            # Claude Code's first system block is billing metadata whose digest changes with the
+            # conversation; Anthropic's API takes it off the prompt, and so does the gateway.
+            billing = [b for b in system if isinstance(b, dict) and BILLING.match(b.get("text") or "")]
+            if billing:
+                ignored.append("system: x-anthropic-billing-header block")
+                system = [b for b in system if b not in billing]
         messages.append(Message(id="", role="system", content=text_of(system, where="system")))
     for i, m in enumerate(raw_messages):
         where = f"messages[{i}]"
         role = need(m, "role", str, where)
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"{where}.role: must be 'user' or 'assistant', got {role!r}")
+        if role not in ("user", "assistant", "system"):
+            raise BadRequest(f"{where}.role: must be 'user', 'assistant' or 'system', got {role!r}")
         content = m.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else need(m, "content", list, where)
+        if role == "system":  # Claude Code sends some context (the date, deferred tools) as system messages
+            messages.append(Message(id="", role="system", content=text_of(_uncached(blocks, ignored), where=where)))
+            continue
         messages += _assistant(blocks, where) if role == "assistant" else _user(blocks, where, ignored)
     tools = []
     for i, t in enumerate(optional(body, "tools", list, "request", [])):
@@ -72,6 +83,13 @@ def parse(body: Any) -> Request:
     max_tokens = optional(body, "max_tokens", int, "request")
     return Request(NAME, model, messages, tools, stream=bool(body.get("stream")), max_tokens=max_tokens,
                    ignored=ignored)
+
+
+def _uncached(blocks: list, ignored: list[str]) -> list:
+    """Blocks without their ``cache_control`` (a prompt-caching hint, not text the model sees)."""
+    if any(isinstance(b, dict) and "cache_control" in b for b in blocks) and "cache_control" not in ignored:
+        ignored.append("cache_control")
+    return [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in blocks]
 
 
 def _user(blocks: list, where: str, ignored: list[str]) -> list[Message]:

@@ -9,7 +9,7 @@ were sampled (or, scripted, scored) with. Model backends use the samplers of
 ``scripted:FILE`` plays a script, because a tiny model cannot drive a harness and a script can.
 The file (YAML or JSON)::
 
-    steps:            # played in order, per session, one per call that no rule answers
+    steps:            # played in order, per session, one per agent call (offering tools) no rule answers
       - tool_calls: [{name: Read, arguments: {file_path: "{cwd}/notes.txt"}}]
       - text: "Done."
     rules:            # answer every call they match, in any session, each time it comes
@@ -108,14 +108,17 @@ class Scripted:
                 raise ValueError(f"{path}: rules[{i}].match needs last_user, system or any (got {sorted(unknown)})")
         return cls(steps, rules)
 
-    def entry_for(self, messages: list[Message], played: int) -> tuple[dict[str, Any], bool]:
-        """(the entry answering this call, whether it is the session's next step)."""
+    def entry_for(self, messages: list[Message], played: int, tools: bool = True) -> tuple[dict[str, Any], bool]:
+        """(the entry answering this call, whether it is the session's next step). Steps answer agent calls
+        (those offering tools); a call no rule matches that offers none gets a plain "OK"."""
         texts = {"last_user": next((m.content for m in reversed(messages) if m.role == "user"), ""),
                  "system": "\n".join(m.content for m in messages if m.role == "system"),
                  "any": "\n".join(m.content for m in messages)}
         for rule in self.rules:
             if all(re.search(pattern, texts[field], re.S) for field, pattern in rule["match"].items()):
                 return rule, False
+        if not tools:  # a side call (a title, a quota probe): no step is spent on it
+            return {"text": "OK"}, False
         if played < len(self.steps):
             return self.steps[played], True
         return {"text": "(the script has no more steps)"}, False
@@ -160,7 +163,7 @@ class ScriptedBackend:
 
     def sample(self, call: Pending) -> PolicyOutput:
         with self._lock:
-            entry, is_step = self.script.entry_for(call.messages, self.played.get(call.session, 0))
+            entry, is_step = self.script.entry_for(call.messages, self.played.get(call.session, 0), bool(call.tools))
             if is_step:
                 self.played[call.session] = self.played.get(call.session, 0) + 1
             ids = self.response_ids(call, entry)

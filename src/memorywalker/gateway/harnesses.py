@@ -67,8 +67,12 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
         if compact_tokens is not None:
-            env |= {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(compact_tokens * 2), "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "50"}
-        return Setup([exe, "-p", prompt, "--model", model, "--dangerously-skip-permissions"], env)
+            # It reads a window under 100k as 100k: a percentage of a window of at least 100k tokens.
+            pct = max(1, min(99, compact_tokens * 100 // 100_000))
+            env |= {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(compact_tokens * 100 // pct),
+                    "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(pct)}
+        # --dangerously-skip-permissions refuses to run as root; allowing the tools by name works for anyone.
+        return Setup([exe, "-p", prompt, "--model", model, "--allowedTools", "Read,Bash,Write,Edit,Glob,Grep,LS"], env)
     if harness == "codex":
         provider = f'{{name="memorywalker",base_url="{url}/v1",wire_api="responses",env_key="OPENAI_API_KEY"}}'
         argv = [exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",

@@ -31,6 +31,7 @@ are in ``trajectory.meta["branches"]``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -88,16 +89,33 @@ def classify_branch(prev: dict[str, Any], cur: dict[str, Any], table: dict[str, 
         return "template-drift", [], []  # the same messages, other ids: the template rewrote them
     if lcp == len(before) - 1 and after[lcp:] and table[after[lcp]].role == "assistant":
         return "template-drift", [before[-1]], [after[lcp]]  # the response came back changed
-    texts = [s.strip() for s in summaries if s.strip()]
-    carriers = [i for i in inserted if any(t in table[i].content for t in texts)]
+    lines = {line for s in summaries for line in summary_lines(s)}
+    # Right after a summarization call, the restart may repeat an earlier compacted context word for
+    # word (the same summary): any carrier of it counts, not only the rewritten tail.
+    scope = after if prev.get("purpose") == "summarize" else after[lcp:]
+    carriers = [i for i in scope if any(line in table[i].content for line in lines)]
     if carriers:
-        return "summarize", removed, inserted
+        return "summarize", removed, list(dict.fromkeys([*carriers, *inserted]))
     old_results = {table[i].tool_call_id for i in removed if table[i].role == "tool"}
     if any(table[i].role == "tool" and table[i].tool_call_id in old_results for i in inserted):
         return "placeholder", removed, inserted
     if removed and not inserted:
         return "prune", removed, []
     return "other", removed, inserted
+
+
+def summary_lines(summary: str, shortest: int = 16) -> list[str]:
+    """The lines of a summary a harness carries into the next context, whatever it wraps them in.
+
+    Harnesses reformat the summary they asked for (Claude Code drops ``<analysis>`` and unwraps
+    ``<summary>``), so a context carries it when it contains one of its lines of some length.
+
+    >>> summary_lines("<analysis>x</analysis>\n<summary>Read notes.txt and ran ls.</summary>")
+    ['Read notes.txt and ran ls.']
+    """
+    text = re.sub(r"<analysis>.*?</analysis>", "", summary, flags=re.S)
+    text = re.sub(r"</?summary>", "\n", text)
+    return [line.strip() for line in text.splitlines() if len(line.strip()) >= shortest]
 
 
 def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Lineage | None = None) -> Trajectory:
@@ -122,8 +140,11 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
             if kind == "summarize":
                 for i in inserted:
                     table[i].author = "harness"
+            # A summarization request is usually built from an earlier state (its predecessor's response
+            # dropped): its branch is the compaction starting, named by its trigger.
+            trigger = "summarization-request" if r.get("purpose") == "summarize" else "harness"
             evictions.append(Eviction(before_call=r["id"], kind=kind, removed=removed, inserted=inserted,
-                                      trigger="harness", tokens_before=len(calls[k - 1]["context_tokens"]),
+                                      trigger=trigger, tokens_before=len(calls[k - 1]["context_tokens"]),
                                       tokens_after=len(r["context_tokens"])))
         if r.get("purpose") == "summarize":
             summaries.append(r["response"]["content"])

@@ -334,7 +334,8 @@ def test_client_disconnecting_mid_stream_leaves_the_call_recorded(kit, tmp_path)
     script = "steps:\n  - text: \"" + "word " * 3000 + "\"\n"
     gw = make_gateway(kit, tmp_path / "out", tmp_path, script=script, max_new_tokens=4000)
     with BackgroundServer(gw) as url:
-        body = {"model": "kit", "max_tokens": 4000, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+        body = {"model": "kit", "max_tokens": 4000, "stream": True, "tools": TOOLS,
+                "messages": [{"role": "user", "content": "go"}]}
         with httpx.stream("POST", url + "/v1/messages", json=body, headers={"x-claude-code-session-id": "gone"},
                           timeout=120) as r:
             next(r.iter_raw(64))

@@ -246,7 +246,8 @@ def test_bad_requests_get_their_dialects_error_and_the_gateway_keeps_serving(ser
     def message(r):
         body = r.json()
         if shape == "anthropic":
-            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+            kind = "request_too_large" if r.status_code == 413 else "invalid_request_error"
+            assert body["type"] == "error" and body["error"]["type"] == kind
             return body["error"]["message"]
         assert set(body["error"]) >= {"message", "type"}
         return body["error"]["message"]
@@ -258,21 +259,24 @@ def test_bad_requests_get_their_dialects_error_and_the_gateway_keeps_serving(ser
     assert r.status_code == 400 and f"request.{key}" in message(r)
     r = _post(url, path, {"model": 3, key: []})
     assert r.status_code == 400 and "request.model" in message(r)
+    r = _post(url, path, b"{" + b" " * (64 << 20) + b"}")
+    assert r.status_code == 413 and "size limit" in message(r)
     good = ({"model": "kit", "input": "hi"} if path == "/v1/responses"
             else {"model": "kit", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
     assert _post(url, path, good).status_code == 200
-    assert journal(out) and gw.stats["errors"] == 3
+    assert journal(out) and gw.stats["errors"] == 4
 
 
-def test_prompt_longer_than_the_model_is_413_with_the_length(kit, tmp_path):
+def test_prompt_longer_than_the_model_is_400_with_the_length(kit, tmp_path):
+    """400 with the providers' wording, not 413: OpenCode compacts and retries on 413, forever."""
     gw = make_gateway(kit, tmp_path / "out", tmp_path)
     gw.max_positions = 64
     with BackgroundServer(gw) as url:
         r = _post(url, "/v1/messages", {"model": "kit", "max_tokens": 10,
                                         "messages": [{"role": "user", "content": "word " * 200}]})
-        assert r.status_code == 413
+        assert r.status_code == 400
         err = r.json()["error"]
-        assert err["type"] == "request_too_large" and err["message"].startswith("prompt is too long: ")
+        assert err["type"] == "invalid_request_error" and err["message"].startswith("prompt is too long: ")
         assert "> 63 maximum" in err["message"]
     assert not (tmp_path / "out" / "trajectories.jsonl").exists()  # nothing half-recorded
 

@@ -4,9 +4,9 @@ Routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``P
 (OpenAI Responses), ``POST /v1/chat/completions`` (OpenAI Chat), ``GET /v1/models``, ``GET /health``.
 A call is sampled in a worker thread (the event loop keeps serving other sessions) and journaled
 before its first byte is sent; a client that disconnects mid-stream leaves the call recorded, with an
-``undelivered`` note. Statuses: 400 malformed request, 401 wrong key, 413 prompt longer than the
-model's positions (or a body over the size limit), 502 backend failed or answered garbage, 504 backend
-too slow.
+``undelivered`` note. Statuses: 400 malformed request or a prompt longer than the model's positions
+("prompt is too long: N tokens > M maximum", as the providers' APIs say it), 401 wrong key, 413 a body
+over the size limit, 502 backend failed or answered garbage, 504 backend too slow.
 """
 
 from __future__ import annotations
@@ -52,9 +52,12 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
         return given == api_key
 
     async def body_of(req: HTTPRequest, dialect: ModuleType) -> Any:
+        declared = req.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:  # refused before it is read
+            raise BadRequest(f"the request body is {declared} bytes, over the gateway's size limit of {MAX_BODY}", 413)
         raw = await req.body()
         if len(raw) > MAX_BODY:
-            raise BadRequest(f"the request body is {len(raw)} bytes, over the gateway's {MAX_BODY} byte limit", 413)
+            raise BadRequest(f"the request body is {len(raw)} bytes, over the gateway's size limit of {MAX_BODY}", 413)
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

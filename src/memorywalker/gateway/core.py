@@ -28,19 +28,26 @@ from memorywalker.render.render import Renderer, _TrajectoryCache
 from memorywalker.render.toolcalls import parse_response
 from memorywalker.render.types import schemas_to_hf
 
-# Summarization requests, recognized by the prompt each harness sends (its own text; see docs/gateway.md).
+# Summarization requests, recognized by the prompt each harness sends (its own words; docs/gateway.md).
 SUMMARY_PROMPTS = {
-    "claude-code": re.compile(r"create a detailed summary of the conversation", re.I),
-    "codex": re.compile(r"CONTEXT CHECKPOINT COMPACTION", re.I),
-    "opencode": re.compile(r"(summariz|summar)\w* .{0,80}conversation|continuing our conversation", re.I | re.S),
+    "claude-code": re.compile(r"CRITICAL: Respond with TEXT ONLY\. Do NOT call any tools"
+                              r"|create a detailed summary of the conversation", re.I),
+    "codex": re.compile(r"CONTEXT CHECKPOINT COMPACTION"),
+    "opencode": re.compile(r"You are a context summarization agent"),
 }
 
 
 def purpose_of(messages: list[Message]) -> str:
-    """``summarize`` when the last user or system message is a known summarization prompt, else ``act``."""
-    last = next((m.content for m in reversed(messages) if m.role in ("user", "system")), "")
-    tail = last[-4000:]
-    return "summarize" if any(p.search(tail) for p in SUMMARY_PROMPTS.values()) else "act"
+    """``summarize`` when the last user message or a system message holds a known summarization prompt.
+
+    >>> from memorywalker.records.schema import Message
+    >>> purpose_of([Message(id="s", role="system", content="You are a context summarization agent."),
+    ...             Message(id="u", role="user", content="Here is the conversation so far: ...")])
+    'summarize'
+    """
+    last = next((m.content for m in reversed(messages) if m.role == "user"), "")
+    texts = [last[:4000], last[-4000:], *(m.content[:4000] for m in messages if m.role == "system")]
+    return "summarize" if any(p.search(t) for p in SUMMARY_PROMPTS.values() for t in texts) else "act"
 
 
 @dataclass
@@ -149,8 +156,10 @@ class Gateway:
         with session.lock:  # one call of a session at a time: its sequence order is the journal's
             text, ids = self.render(request, session)
             if len(ids) >= self.max_positions:
+                # 400, as Anthropic's and OpenAI's APIs answer it (413 is a body over the size limit): a
+                # harness that compacts and retries on 413 (OpenCode) would loop.
                 raise BadRequest(f"prompt is too long: {len(ids)} tokens > {self.max_positions - 1} maximum "
-                                 f"(the served model has {self.max_positions} positions)", status=413)
+                                 f"(the served model has {self.max_positions} positions)", status=400)
             limit = min(request.max_tokens or self.max_new_tokens, self.max_new_tokens, self.max_positions - len(ids))
             purpose = purpose_of(request.messages)
             with self._lock:

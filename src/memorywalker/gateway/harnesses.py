@@ -13,7 +13,8 @@ auto-compaction threshold (so a short session reaches it). Checked with the pinn
   ``CODEX_HOME``; OpenAI Responses with header ``session-id``. Compaction: ``model_auto_compact_token_limit``.
 * ``opencode`` — ``opencode run`` with an ``opencode.json`` provider (``@ai-sdk/openai-compatible``,
   ``baseURL``, the model's ``limit.context``); Chat Completions with header ``x-session-id``; a
-  title-generation call comes first. Compaction: ``limit.context`` (it compacts near the limit).
+  title-generation call comes first. Compaction: ``limit.context`` (it compacts once a prompt passes about
+  ``limit.context - limit.output``). It takes its project directory from ``$PWD``.
 """
 
 from __future__ import annotations
@@ -83,16 +84,15 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
         return Setup([*argv, prompt], {"OPENAI_API_KEY": key, "CODEX_HOME": str(codex_home)},
                      {codex_home / ".keep": ""})
     if harness == "opencode":
-        context = compact_tokens * 2 if compact_tokens is not None else 1_000_000
+        # It compacts once a prompt passes about limit.context - limit.output.
+        context = compact_tokens + 4096 if compact_tokens is not None else 1_000_000
         config = {"$schema": "https://opencode.ai/config.json", "model": f"memorywalker/{model}",
                   "provider": {"memorywalker": {"npm": "@ai-sdk/openai-compatible", "name": "memorywalker",
                                                 "options": {"baseURL": f"{url}/v1", "apiKey": key},
-                                                "models": {model: {"name": model, "tool_call": True,
+                                                "models": {model: {"name": model,
                                                                    "limit": {"context": context, "output": 4096}}}}},
-                  "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"}, "autoupdate": False,
-                  "share": "disabled"}
-        return Setup([exe, "run", "--model", f"memorywalker/{model}", prompt],
-                     {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"},
+                  "permission": {"*": "allow"}}
+        return Setup([exe, "run", prompt], {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"},
                      {workdir / "opencode.json": json.dumps(config, indent=2)})
     raise ValueError(f"unknown harness {harness!r}; valid: {sorted(PINNED)}")
 
@@ -146,7 +146,7 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_"))}
     env |= {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
             "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state"),
-            "NO_COLOR": "1", "CI": "1"} | s.env
+            "NO_COLOR": "1", "PWD": str(workdir)} | s.env  # OpenCode takes its project dir from $PWD
     started = time.monotonic()
     proc = subprocess.Popen(s.argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -171,7 +171,7 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
 
 def error_json(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": ERROR_TYPE.get(status, "server_error"), "param": None,
-                      "code": "context_length_exceeded" if status == 413 else None}}
+                      "code": "context_length_exceeded" if message.startswith("prompt is too long") else None}}
 
 
 def error_event(status: int, message: str) -> str:

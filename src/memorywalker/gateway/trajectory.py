@@ -8,14 +8,16 @@ system prompt or tool set (titles, subagents), each a trajectory of its own with
 Between consecutive calls of a line, a call whose ``context_tokens`` do not extend its predecessor's
 ``context_tokens + response_tokens`` is a branch, classified (:func:`classify_branch`):
 
-* ``template-drift`` — the messages extend the predecessor's (its context and its response), but the
-  ids do not: the harness sent an earlier response back as text that renders to other ids (stripped
-  whitespace or reasoning, re-serialized tool-call JSON), or the template rewrote an earlier turn;
+* ``template-drift`` — the messages extend the predecessor's (its context and its response) under the
+  same tools, but the ids do not: the harness sent an earlier response back as text that renders to
+  other ids (stripped whitespace or reasoning, re-serialized tool-call JSON), or the template rewrote
+  an earlier turn (the same messages under another tool set are ``other``);
 * ``summarize`` — the context holds the response of an earlier summarization call of the line (its
   messages become compression artifacts, ``author="harness"``);
 * ``placeholder`` — tool results were replaced by other text for the same tool call (pruned output);
 * ``prune`` — messages were removed and nothing took their place;
-* ``other`` — anything else.
+* ``other`` — anything else, among it the branch into a summarization request (usually built from an
+  earlier state, under another prompt or tool set; ``trigger="summarization-request"``).
 
 Each branch is an :class:`~memorywalker.records.schema.Eviction` before the call; the per-kind counts
 are in ``trajectory.meta["branches"]``.
@@ -86,9 +88,13 @@ def classify_branch(prev: dict[str, Any], cur: dict[str, Any], table: dict[str, 
     removed = [i for i in before[lcp:] if i not in set(after)]
     inserted = [i for i in after[lcp:] if i not in set(before)]
     if lcp == len(before):
+        if prev.get("tools") != cur.get("tools"):
+            return "other", [], []  # the same messages under another tool set (a compaction request offers none)
         return "template-drift", [], []  # the same messages, other ids: the template rewrote them
     if lcp == len(before) - 1 and after[lcp:] and table[after[lcp]].role == "assistant":
         return "template-drift", [before[-1]], [after[lcp]]  # the response came back changed
+    if cur.get("purpose") == "summarize":
+        return "other", removed, inserted  # the compaction request itself: built from an earlier state
     lines = {line for s in summaries for line in summary_lines(s)}
     # Right after a summarization call, the restart may repeat an earlier compacted context word for
     # word (the same summary): any carrier of it counts, not only the rewritten tail.
@@ -110,7 +116,7 @@ def summary_lines(summary: str, shortest: int = 16) -> list[str]:
     Harnesses reformat the summary they asked for (Claude Code drops ``<analysis>`` and unwraps
     ``<summary>``), so a context carries it when it contains one of its lines of some length.
 
-    >>> summary_lines("<analysis>x</analysis>\n<summary>Read notes.txt and ran ls.</summary>")
+    >>> summary_lines("<analysis>x</analysis>\\n<summary>Read notes.txt and ran ls.</summary>")
     ['Read notes.txt and ran ls.']
     """
     text = re.sub(r"<analysis>.*?</analysis>", "", summary, flags=re.S)
@@ -132,10 +138,12 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
         for t in r.get("tools") or []:
             tools.setdefault(t["name"], ToolSchema.model_validate(t))
         if k and not _extends(calls[k - 1], r):
-            prev = calls[k - 1] | {"context": [m["id"] for m in calls[k - 1]["messages"]],
-                                   "response": calls[k - 1]["response"]["id"]}
-            kind, removed, inserted = classify_branch(prev, {"context": [m["id"] for m in r["messages"]]}, table,
-                                                      summaries)
+            p = calls[k - 1]
+            prev = {"context": [m["id"] for m in p["messages"]], "response": p["response"]["id"],
+                    "purpose": p.get("purpose"), "tools": [t["name"] for t in p.get("tools") or []]}
+            cur = {"context": [m["id"] for m in r["messages"]], "tools": [t["name"] for t in r.get("tools") or []],
+                   "purpose": r.get("purpose")}
+            kind, removed, inserted = classify_branch(prev, cur, table, summaries)
             counts[kind] += 1
             if kind == "summarize":
                 for i in inserted:

@@ -29,6 +29,7 @@ from memorywalker.cli import (  # noqa: E402
     export_cmd,
     gap_cmd,
     gateway_cmd,
+    harness_cmd,
     import_cmd,
     inventory_cmd,
     methods_cmd,
@@ -49,6 +50,7 @@ eval_cmd.register(app)
 export_cmd.register(app)
 gap_cmd.register(app)
 gateway_cmd.register(app)
+harness_cmd.register(app)
 import_cmd.register(app)
 inventory_cmd.register(app)
 methods_cmd.register(app)

@@ -158,3 +158,28 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
         stdout, stderr = proc.communicate()
         code = None
     return HarnessRun(harness, workdir, code, time.monotonic() - started, stdout, stderr)
+
+
+@dataclass
+class CapturedSession:
+    """One harness session run through a gateway: the process, and the trajectories its calls became."""
+
+    run: HarnessRun
+    trajectories: list  # list[Trajectory], in the order the gateway wrote them
+    records: Path  # the gateway's trajectories.jsonl
+
+
+def capture(harness: str, prompt: str, gateway, *, model: str = "kit", files: dict[str, str] | None = None,
+            deadline_s: float = 600, compact_tokens: int | None = None, bin_dir: str | None = None) -> CapturedSession:
+    """Serve ``gateway`` on a free loopback port, run one ``harness`` session against it, stop (which
+    finalizes the session) and return the trajectories it wrote."""
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.records import read_trajectories
+
+    records = gateway.out / "trajectories.jsonl"
+    seen = {t.id for t in read_trajectories(records)} if records.exists() else set()
+    with BackgroundServer(gateway) as url:
+        run = run_harness(harness, prompt, url=url, model=model, files=files, deadline_s=deadline_s,
+                          compact_tokens=compact_tokens, bin_dir=bin_dir)
+    new = [t for t in read_trajectories(records) if t.id not in seen] if records.exists() else []
+    return CapturedSession(run, new, records)

@@ -1,0 +1,76 @@
+"""Real Claude Code, Codex CLI and OpenCode (the pinned npm versions) through the gateway, offline.
+
+Each harness runs one scripted session — read a file, run a command, write a file, show it, answer —
+with its own auto-compaction moved low through its own setting, so the harness itself compacts. The
+captured trajectory must hold the ≥ 4 tool calls, ≥ 1 summarize branch, and the exact methods must
+reproduce its recorded logprobs at the fp32 floor while ``dfs`` does not after the compaction.
+
+Slow (about a minute each) and needs the harnesses: ``npm install`` them (``.ci/run`` does) and set
+``MEMORYWALKER_HARNESS_BIN`` to their ``node_modules/.bin``; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from memorywalker.gateway.harnesses import PINNED, capture, find_binary
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Read notes.txt, list the files, write out.txt, then show it."
+# Where each harness's own auto-compaction is set to trigger (prompt tokens of the kit tokenizer): above
+# its first prompts and below the prompt its third tool call brings, measured with the pinned versions
+# (first prompts: Claude Code 30,076, Codex 15,581, OpenCode 16,853 tokens).
+COMPACT_AT = {"claude-code": 30250, "codex": 16000, "opencode": 17080}
+
+
+@pytest.fixture(scope="module")
+def long_kit(tmp_path_factory):
+    """The kit tokenizer and a kit Llama with 65,536 positions: the harnesses' prompts are 15-34K tokens."""
+    from memorywalker.modelkit.build import build_model, build_tokenizer
+
+    root = tmp_path_factory.mktemp("long-kit")
+    tok = build_tokenizer(root / "tok")
+    return tok, build_model(root / "model", tok, max_positions=65536)
+
+
+@pytest.mark.parametrize("harness", sorted(PINNED))
+def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit, tmp_path):
+    import torch
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.render import Renderer
+    from memorywalker.train.model import load_model
+
+    try:
+        find_binary(harness)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    script = resources.files("memorywalker.data").joinpath(f"harness-scripts/{harness}.yaml")
+    gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
+                       harness=harness)
+    s = capture(harness, PROMPT, gw, files={"notes.txt": "hello\n"}, deadline_s=300,
+                compact_tokens=COMPACT_AT[harness])
+    assert s.run.ok, s.run.stderr[-2000:]
+    assert (s.run.workdir / "out.txt").read_text() == "hello from the agent\n"  # the harness ran the tools
+    main = [t for t in s.trajectories if t.lineage.relation != "side"]
+    assert len(main) == 1
+    traj = main[0]
+    tool_calls = [tc for c in traj.calls for tc in traj.message_table()[c.response].tool_calls]
+    assert len(tool_calls) >= 4
+    assert any(c.purpose == "summarize" for c in traj.calls)
+    assert traj.meta["branches"].get("summarize", 0) >= 1
+    assert all(c.context_tokens and c.rollout_logprobs for c in traj.calls)
+
+    lm, tok = load_model(str(long_kit[1]), str(long_kit[0]), dtype="float32", device=torch.device("cpu"))
+    report = gap_report(lm, Renderer(tok), [traj], ["radix", "tree-mask", "logit-tree", "dfs", "rightmost"],
+                        drift=False)
+    for m in ("radix", "tree-mask", "logit-tree"):
+        assert report[m]["overall"]["logprob_abs_diff"] <= 1e-5, (m, report[m]["overall"])
+    after = [report["dfs"]["by_branches"][b] for b in ("1", "2", "3+")]
+    assert max(r["logprob_abs_diff"] or 0 for r in after) > 1e-4
+    # rightmost keeps only what the last context still holds: fewer targets than the exact methods
+    assert report["rightmost"]["overall"]["targets"] < report["radix"]["overall"]["targets"]

@@ -165,8 +165,10 @@ class Gateway:
             with self._lock:
                 self._counter += 1
                 seed = self.seed * 1_000_003 + self._counter
+            sampling = time.monotonic()
             out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
                                               purpose))
+            sampling = time.monotonic() - sampling
             reply, response = self._reply(request, out, len(ids))
             response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == message_id(response)))
             record = {
@@ -180,7 +182,8 @@ class Gateway:
                 "context_tokens": ids, "response_tokens": out.token_ids,
                 "rollout_logprobs": out.logprobs, "finish_reason": reply.finish,
                 "parse_error": reply.parse_error, "ignored": request.ignored,
-                "latency_s": round(time.monotonic() - started, 4),
+                "latency_s": round(time.monotonic() - started, 4),  # in the gateway, sampling included
+                "sample_s": round(sampling, 4),  # the backend's share (a serial backend's queue included)
             }
             if self.keep_requests and raw is not None:
                 record["request"] = raw

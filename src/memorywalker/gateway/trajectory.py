@@ -156,7 +156,8 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
                                       tokens_after=len(r["context_tokens"])))
         if r.get("purpose") == "summarize":
             summaries.append(r["response"]["content"])
-        meta = {key: r[key] for key in ("dialect", "time", "latency_s", "parse_error", "ignored", "undelivered")
+        meta = {key: r[key] for key in ("dialect", "time", "latency_s", "sample_s", "parse_error", "ignored",
+                                                    "undelivered")
                 if r.get(key) not in (None, [], "")}
         out_calls.append(Call(
             id=r["id"], context=[m["id"] for m in r["messages"]], response=r["response"]["id"],

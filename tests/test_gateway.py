@@ -443,3 +443,27 @@ def test_kill_9_keeps_every_completed_call(kit, tmp_path):
     assert finalize_all(out) == 1
     (traj,) = read_trajectories(out / "trajectories.jsonl")
     assert traj.id == "killed" and len(traj.calls) == 2
+
+
+def test_redact_keeps_secrets_off_disk_and_clean_calls_exact(kit, tmp_path):
+    """--redact: a call whose request holds an API key and an e-mail is written redacted (re-tokenized,
+    no logprobs, marked); a call with nothing to redact keeps its ids and logprobs as sampled."""
+    gw = make_gateway(kit, tmp_path / "out", tmp_path, redact=True)
+    secret, mail = "sk-abcdefghijklmnopqrstuv0123", "bob.smith@example.com"
+    with BackgroundServer(gw) as url:
+        client = anthropic.Anthropic(base_url=url, api_key="x")
+        client.messages.create(model="kit", max_tokens=300, system=SYSTEM, tools=TOOLS,
+                               messages=[{"role": "user", "content": "Read the notes."}],
+                               extra_headers={"x-claude-code-session-id": "clean"})
+        client.messages.create(model="kit", max_tokens=300, system=SYSTEM, tools=TOOLS,
+                               messages=[{"role": "user", "content": f"My key is {secret}, mail {mail}."}],
+                               extra_headers={"x-claude-code-session-id": "secret"})
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*.jsonl*"))
+    assert secret.encode() not in raw and mail.encode() not in raw
+    trajs = {t.id: t for t in read_trajectories(tmp_path / "out" / "trajectories.jsonl")}
+    (dirty,) = trajs["secret"].calls
+    assert dirty.meta["redacted"] is True and dirty.rollout_logprobs is None
+    assert "<API_KEY_1>" in trajs["secret"].message_table()[dirty.context[-1]].content
+    assert secret not in gw.renderer.tok.decode(dirty.context_tokens)
+    (clean,) = trajs["clean"].calls
+    assert "redacted" not in clean.meta and len(clean.rollout_logprobs) == len(clean.response_tokens)

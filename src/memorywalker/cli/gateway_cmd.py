@@ -15,7 +15,7 @@ console = Console(stderr=True)
 
 def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None = None, dtype: str = "float32",
                   temperature: float = 1.0, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
-                  keep_requests: bool = True, lm=None, tok=None):
+                  keep_requests: bool = True, redact: bool = False, lm=None, tok=None):
     """A :class:`~memorywalker.gateway.core.Gateway` for ``model`` behind ``backend`` (journals left by a
     killed gateway in ``out`` are finalized first)."""
     from memorywalker.gateway.backends import make_backend
@@ -41,7 +41,7 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
                            max_positions=positions)
     return Gateway(renderer, sampler, out, model_name=Path(str(model)).name or str(model), max_positions=positions,
                    max_new_tokens=max_new_tokens, seed=seed, harness=harness, keep_requests=keep_requests,
-                   temperature=temperature if temperature > 0 else 1.0)
+                   temperature=temperature if temperature > 0 else 1.0, redact=redact)
 
 
 def gateway(
@@ -63,6 +63,8 @@ def gateway(
     idle: float = typer.Option(300.0, help="Seconds without a call after which a session is finalized."),
     keep_requests: bool = typer.Option(True, help="Keep each raw request body in the journal (for importer "
                                                   "cross-checks)."),
+    redact: bool = typer.Option(False, "--redact", help="Write records through the importers' redaction (secrets, "
+                                "e-mails, home paths...); a redacted call is re-tokenized and keeps no logprobs."),
     settings: bool = typer.Option(False, "--settings", help="Print how to point each harness at this gateway "
                                                             "and exit."),
     finalize: bool = typer.Option(False, "--finalize", help="Only finalize journals left in --out (a killed "
@@ -86,7 +88,7 @@ def gateway(
         return
     check_bind(host, api_key)
     gw = build_gateway(model, backend, out, tokenizer=tokenizer, dtype=dtype, temperature=temperature,
-                       max_new_tokens=max_new_tokens, seed=seed, keep_requests=keep_requests)
+                       max_new_tokens=max_new_tokens, seed=seed, keep_requests=keep_requests, redact=redact)
     lines = threading.Lock()
 
     def on_call(record: dict) -> None:

@@ -23,7 +23,7 @@ from memorywalker.gateway.dialect import BadRequest, Reply, Request, assign_ids,
 from memorywalker.gateway.journal import Journal, read_journal, session_file
 from memorywalker.gateway.trajectory import build_session
 from memorywalker.records.io import TrajectoryWriter
-from memorywalker.records.schema import Message, ToolCall
+from memorywalker.records.schema import Message, ToolCall, ToolSchema
 from memorywalker.render.render import Renderer, _TrajectoryCache
 from memorywalker.render.toolcalls import parse_response
 from memorywalker.render.types import schemas_to_hf
@@ -98,6 +98,12 @@ class Gateway:
         self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
         self.seed, self.harness, self.keep_requests, self.redact = seed, harness, keep_requests, redact
         self.temperature = temperature  # of the distribution the recorded logprobs are of (1 when greedy)
+        if redact:
+            from memorywalker.importers.redact import Redactor
+
+            self.redactor: Redactor | None = Redactor()  # one for the gateway's life: one placeholder per secret
+        else:
+            self.redactor = None
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._counter = 0
@@ -187,6 +193,8 @@ class Gateway:
             }
             if self.keep_requests and raw is not None:
                 record["request"] = raw
+            if self.redactor is not None:
+                record = self._redacted(record)
             session.journal.append(record)
             for tc in response.tool_calls:
                 session.sampled_args[tc.id] = tc.arguments
@@ -198,6 +206,28 @@ class Gateway:
             session.last_seen = time.monotonic()
             self.stats["calls"] += 1
         return reply, record
+
+    def _redacted(self, record: dict) -> dict:
+        """The journal record with the importers' redaction applied (``--redact``): nothing secret reaches disk.
+
+        A call whose text changed is re-tokenized from the redacted text (its ids would decode to the
+        secret) and keeps no ``rollout_logprobs`` (they were computed under the text before redaction):
+        its record is no longer what the model saw, and ``meta``'s ``redacted`` says so. Calls with
+        nothing to redact are kept exactly.
+        """
+        fields = ("messages", "response", "request", "tools")
+        data = {k: record[k] for k in fields if k in record}
+        self.redactor.scan(data)
+        red = self.redactor.apply(data)
+        if red == data:
+            return record
+        tok = self.renderer.tok
+        messages = [Message.model_validate(m) for m in red["messages"]]
+        text = self.renderer.prompt_text(messages, schemas_to_hf([ToolSchema.model_validate(t) for t in red["tools"]]))
+        response = self.redactor.apply(tok.decode(record["response_tokens"], skip_special_tokens=False))
+        return record | red | {"context_tokens": tok(text, add_special_tokens=False)["input_ids"],
+                               "response_tokens": tok(response, add_special_tokens=False)["input_ids"],
+                               "rollout_logprobs": None, "redacted": True}
 
     def _reply(self, request: Request, out, prompt_len: int) -> tuple[Reply, Message]:
         """The client's reply and the recorded response message, both from the sampled ids."""

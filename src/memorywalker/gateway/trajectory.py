@@ -157,7 +157,7 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
         if r.get("purpose") == "summarize":
             summaries.append(r["response"]["content"])
         meta = {key: r[key] for key in ("dialect", "time", "latency_s", "sample_s", "parse_error", "ignored",
-                                                    "undelivered")
+                                                    "undelivered", "redacted")
                 if r.get(key) not in (None, [], "")}
         out_calls.append(Call(
             id=r["id"], context=[m["id"] for m in r["messages"]], response=r["response"]["id"],

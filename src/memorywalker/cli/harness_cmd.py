@@ -9,13 +9,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from memorywalker.gateway.harnesses import PINNED  # stdlib only: cheap at CLI start
+
 console = Console(stderr=True)
 harness_app = typer.Typer(help="Run real harnesses against the recording gateway.", no_args_is_help=True)
 
 
 @harness_app.command("run")
 def run(
-    harness: str = typer.Argument(..., help="claude-code | codex | opencode"),
+    harness: str = typer.Argument(..., help=" | ".join(PINNED)),
     prompt: str = typer.Option(..., help="The task, as the harness's non-interactive prompt."),
     model: str = typer.Option(..., help="The served model: a local Hugging Face dir."),
     out: Path = typer.Option(..., help="The gateway's record directory (trajectories.jsonl, sessions/)."),
@@ -32,7 +34,7 @@ def run(
 ):
     """Start the gateway, run HARNESS on PROMPT in a fresh workdir against it, and name the records it made."""
     from memorywalker.cli.gateway_cmd import build_gateway
-    from memorywalker.gateway.harnesses import PINNED, capture
+    from memorywalker.gateway.harnesses import capture
 
     if harness not in PINNED:
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {sorted(PINNED)}")

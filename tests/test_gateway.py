@@ -467,3 +467,31 @@ def test_redact_keeps_secrets_off_disk_and_clean_calls_exact(kit, tmp_path):
     assert secret not in gw.renderer.tok.decode(dirty.context_tokens)
     (clean,) = trajs["clean"].calls
     assert "redacted" not in clean.meta and len(clean.rollout_logprobs) == len(clean.response_tokens)
+
+
+def test_the_sdks_raise_their_own_errors_with_the_gateways_message(kit, tmp_path):
+    """What a harness built on the SDKs sees: anthropic.BadRequestError / openai.BadRequestError whose
+    message is the gateway's (the prompt's length and the model's positions), and an upstream failure as
+    the SDK's server error with its status."""
+    gw = make_gateway(kit, tmp_path / "out", tmp_path)
+    gw.max_positions = 64
+    long = "word " * 200
+    with BackgroundServer(gw) as url:
+        with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 63 maximum"):
+            anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
+                model="kit", max_tokens=10, messages=[{"role": "user", "content": long}])
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="prompt is too long") as e:
+            client.chat.completions.create(model="kit", messages=[{"role": "user", "content": long}])
+        assert e.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError, match="prompt is too long"):
+            client.responses.create(model="kit", input=long)
+    upstream = _Upstream("down")
+    from memorywalker.cli.gateway_cmd import build_gateway
+
+    gw = build_gateway(str(kit[1]), f"openai:http://127.0.0.1:{upstream.port}", tmp_path / "out2", tokenizer=str(kit[0]))
+    with BackgroundServer(gw) as url:
+        with pytest.raises(anthropic.APIStatusError, match="the backend failed") as e:
+            anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
+                model="kit", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+        assert e.value.status_code == 502

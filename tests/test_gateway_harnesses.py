@@ -74,3 +74,44 @@ def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit,
     assert max(r["logprob_abs_diff"] or 0 for r in after) > 1e-4
     # rightmost keeps only what the last context still holds: fewer targets than the exact methods
     assert report["rightmost"]["overall"]["targets"] < report["radix"]["overall"]["targets"]
+
+
+def test_eight_real_codex_sessions_at_once_never_mix(long_kit, tmp_path):
+    """8 Codex processes at once through one gateway, each with its own notes.txt: 8 trajectories, each
+    with the 4 tool calls and its own notes in its tool results, none with another's."""
+    import threading
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.gateway.harnesses import run_harness
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.records import read_trajectories
+
+    try:
+        find_binary("codex")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    script = resources.files("memorywalker.data").joinpath("harness-scripts/codex.yaml")
+    gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
+                       harness="codex")
+    runs = {}
+    with BackgroundServer(gw) as url:
+        def one(k: int) -> None:
+            runs[k] = run_harness("codex", PROMPT, url=url, model="kit", files={"notes.txt": f"note number {k}\n"},
+                                  deadline_s=600)
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(r.ok for r in runs.values()), [r.stderr[-500:] for r in runs.values() if not r.ok]
+    trajs = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert len(trajs) == 8 and len({t.id for t in trajs}) == 8
+    seen = set()
+    for t in trajs:
+        results = " ".join(m.content for m in t.messages if m.role == "tool")
+        mine = [k for k in range(8) if f"note number {k}" in results]
+        assert len(mine) == 1, results[:300]
+        seen.add(mine[0])
+        assert sum(len(t.message_table()[c.response].tool_calls) for c in t.calls) == 4
+    assert seen == set(range(8))

@@ -231,7 +231,9 @@ KEY_FIELDS = frozenset({
 # Free-form payloads (tool inputs and outputs, provider metadata): their fields are data, not links.
 FREE_FORM = frozenset({"input", "arguments", "args", "toolUseResult", "extras", "output", "response", "result",
                        "metadata", "details", "data", "parameters", "schema", "snapshot", "providerMetadata",
-                       "callProviderMetadata", "usage", "tokens", "cost", "raw"})
+                       "callProviderMetadata", "usage", "tokens", "cost", "raw",
+                       # a tool's JSON schema (Claude Code's api-request-shape); usage keyed by model name
+                       "input_schema", "modelUsage"})
 
 
 def wrong_key_field(obj: Any, depth: int = 0) -> str | None:

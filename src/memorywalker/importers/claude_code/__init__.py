@@ -41,6 +41,7 @@ from memorywalker.importers.claude_code.records import (
     CLEARED,
     Index,
     Rec,
+    index_request_messages,
     read_file,
     reject_orphan_results,
     resolve_compactions,
@@ -86,6 +87,7 @@ def import_orphan_subagent(path: Path) -> ImportResult:
     session_file = path.parent.parent.with_suffix(".jsonl")
     why = "is not in the input" if session_file.exists() else "does not exist"
     recs, _ = read_file(path, index, result, 0)
+    index_request_messages(index)
     if path.name.startswith("agent-acompact"):
         result.reject(path, None, "missing_parent", f"{path.name}: a compaction's summarization call; its "
                       f"context is in the session file {session_file.name}, which {why}")
@@ -121,6 +123,7 @@ def import_session(path: Path) -> ImportResult:
     for f in [path, *sub_files]:
         per_file[f], order = read_file(f, index, result, order)
     main = per_file.get(path, [])
+    index_request_messages(index)
     for recs in per_file.values():
         resolve_compactions(recs, index, result)
     reject_orphan_results(per_file, index, result)

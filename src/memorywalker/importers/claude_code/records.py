@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memorywalker.importers.base import ImportResult, as_text, carried, read_jsonl, str_list
-from memorywalker.importers.claude_code import attachments
+from memorywalker.importers.claude_code import attachments, requests
 
 CONVERSATION = {"user", "assistant"}
 # Record types that are written for the UI or bookkeeping and never reach the model.
 NOT_SENT = {"progress", "file-history-snapshot", "queue-operation", "summary", "custom-title", "tag",
             "agent-name", "pr-link", "last-prompt", "ai-title", "mode", "agent-color", "agent-setting",
-            "permission-mode", "worktree-state"}
+            "permission-mode", "worktree-state",
+            # 2.1.3xx bookkeeping: the requests' messages are known exactly (api-request) and hold none of these
+            "atis-latch", "tools-used", "cost-state"}
 CLEARED = "[Old tool result content cleared]"  # Claude Code TIME_BASED_MC_CLEARED_MESSAGE
 STOP = {"tool_use": "tool_calls", "end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
         "refusal": "content_filter", "pause_turn": "stop"}
@@ -51,6 +53,7 @@ class Index:
     boundaries: list[tuple[float, dict[str, str]]] = field(default_factory=list)  # (order, relinks) per compact_boundary
     artifacts: set[str] = field(default_factory=set)  # uuids of records a compaction wrote (summary, attachments)
     microcompacts: dict[str, Rec] = field(default_factory=dict)
+    api: requests.RequestLog = field(default_factory=requests.RequestLog)  # api-request chain (2.1.3xx)
 
     def parent(self, rec: Rec, relink: dict[str, str]) -> str | None:
         if rec.uuid in relink:
@@ -123,6 +126,12 @@ def read_file(f: Path, index: Index, result: ImportResult, order: int) -> tuple[
                 result.imported += 1
                 if obj.get("subtype") == "microcompact_boundary" and obj.get("uuid"):
                     index.microcompacts[obj["uuid"]] = rec
+        elif kind in requests.KINDS:
+            why = index.api.add(obj)
+            if why is None:
+                result.imported += 1
+            else:
+                result.reject(f, line, "missing_field", f"line {line}: {why}", detail=carried(obj))
         elif kind in NOT_SENT:
             result.skipped[kind] += 1
             if obj.get("uuid"):  # still a link of the parentUuid chain
@@ -135,6 +144,17 @@ def read_file(f: Path, index: Index, result: ImportResult, order: int) -> tuple[
                 index.by_uuid[obj["uuid"]] = Rec(obj, f, line, order)
                 order += 1
     return recs, order
+
+
+def index_request_messages(index: Index) -> None:
+    """Let the request log find the messages written as records (responses, user records) by hash."""
+    if not index.api:
+        return
+    for recs in index.groups.values():
+        index.api.add_message({"role": "assistant", "content": [b for r in recs for b in blocks(r.obj)]})
+    for rec in index.by_uuid.values():
+        if rec.obj.get("type") == "user" and isinstance(rec.obj.get("message"), dict):
+            index.api.add_message({"role": "user", "content": rec.obj["message"].get("content")})
 
 
 def reject_orphan_results(per_file: dict[Path, list[Rec]], index: Index, result: ImportResult) -> None:

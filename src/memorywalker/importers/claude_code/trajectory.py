@@ -1,20 +1,24 @@
 """One Claude Code trajectory built from the records of one chain family: messages, contexts, calls.
 
-A call's context is the parentUuid chain walked back from its response's first record (see the package
-docstring); its billed prompt (``message.usage``: input + cache creation + cache read tokens) is checked
+A call's context is the request Claude Code logged for it (``requestRef`` → ``api-request`` chain,
+:mod:`.requests`) when the log has one, else the parentUuid chain walked back from its response's first
+record (see the package docstring); its billed prompt (``message.usage``: input + cache creation + cache read tokens) is checked
 against the call before it in the same segment (:mod:`memorywalker.importers.billed`).
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ImportResult, as_text, content_text, opt_int, opt_str
+from memorywalker.importers.base import ContentTable, ImportResult, as_text, content_text, opt_int, opt_str
 from memorywalker.importers.claude_code import attachments, micro
 from memorywalker.importers.claude_code.records import STOP, Index, Rec, blocks, group_key
-from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.importers.claude_code.requests import Resolved, as_blocks, digest
+from memorywalker.records import Lineage, Task, ToolSchema, TrajectoryBuilder
 
 
 class ChainTrajectory:
@@ -34,6 +38,9 @@ class ChainTrajectory:
         self.delivered: set[str] = set()
         self.evicted: set[str] = set()
         self.micro_above: dict[str, list[Rec]] = {}  # call id -> microcompact boundaries its chain descends from
+        self.table = ContentTable(self.b)  # messages of logged requests that are not records as written
+        self.record_ids: set[str] = set()  # message ids that come from conversation records
+        self._by_hash: tuple[dict[str, str], dict[str, Rec]] | None = None
 
     # --- messages ---------------------------------------------------------------------------------
 
@@ -226,6 +233,142 @@ class ChainTrajectory:
         boundaries = micro.above(self.index, start) if self.index.microcompacts else []
         return (*micro.apply(self, context, boundaries), boundaries)
 
+    # --- contexts from the request log (2.1.3xx) ----------------------------------------------------
+
+    def _request(self, first: Rec) -> Resolved | None:
+        """The logged request of a response: its exact messages, or None (no log, unknown, unresolved)."""
+        ref = first.obj.get("requestRef")
+        api = self.index.api
+        if not api or not isinstance(ref, str):
+            return None
+        res = api.resolve(ref)
+        if res is None or not res.complete:
+            why = "is not in the input" if res is None else (
+                f"names {sum(m is None for m in res.messages)} message(s) that no blob or record holds")
+            self.result.reject(first.source, first.line, "missing_parent", f"line {first.line}: requestRef "
+                               f"{ref!r}: the request chain {why}; context rebuilt from the parentUuid chain",
+                               kept=True)
+            self.result.notes["api_request_unresolved"] += 1
+            return None
+        self.result.notes[f"api_request_digest_{res.digest}"] += 1
+        return res
+
+    def _hash_maps(self) -> tuple[dict[str, str], dict[str, Rec]]:
+        """hash -> response group key, hash -> user record (the messages written as records)."""
+        if self._by_hash is None:
+            groups = {digest({"role": "assistant", "content": [b for r in recs for b in blocks(r.obj)]}): key
+                      for key, recs in self.index.groups.items()}
+            users = {digest(as_blocks({"role": "user", "content": r.obj["message"].get("content")})): r
+                     for r in self.index.by_uuid.values()
+                     if r.obj.get("type") == "user" and isinstance(r.obj.get("message"), dict)}
+            self._by_hash = (groups, users)
+        return self._by_hash
+
+    def _api_context(self, res: Resolved) -> list[str]:
+        """Message ids of a logged request, as the gateway splits an Anthropic request: the system
+        blocks as one system message; per user message, each tool_result a tool message and each run
+        of text blocks one user message; ``role: "system"`` messages in place. Responses and user
+        records keep their record ids; the rest share ids by content (:class:`ContentTable`)."""
+        groups, users = self._hash_maps()
+        ctx: list[str] = []
+        seen: Counter = Counter()
+
+        def add(fields: dict) -> None:
+            key = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+            while True:
+                mid = self.table.get(key, seen[key], fields)
+                seen[key] += 1
+                if mid not in ctx:
+                    ctx.append(mid)
+                    return
+
+        def put(mid: str) -> bool:
+            if mid in ctx:
+                return False
+            ctx.append(mid)
+            self.record_ids.add(mid)
+            return True
+
+        system = "\n\n".join(as_text(b.get("text")) for b in res.system if b.get("type") == "text")
+        if system:
+            add({"role": "system", "content": system, "author": "system", "meta": {"system_prompt": True}})
+        for h, m in zip(res.hashes, res.messages, strict=True):
+            assert m is not None
+            role, content = m.get("role"), as_blocks(m)["content"]
+            content = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+            if role == "assistant" and h in groups and put(self._assistant(groups[h])[0]):
+                continue
+            if role == "user" and h in users:
+                mids = [mid for mid, _ in self._user(users[h])]
+                if not any(mid in ctx for mid in mids):
+                    for mid in mids:
+                        put(mid)
+                    continue
+            if role == "system":
+                add({"role": "system", "content": "\n\n".join(as_text(b.get("text")) for b in content
+                                                             if b.get("type") == "text"), "author": "system"})
+            elif role == "assistant":
+                texts = [as_text(b.get("text")) for b in content if b.get("type") == "text"]
+                thinking = [as_text(b.get("thinking")) for b in content if b.get("type") == "thinking"]
+                calls = [{"id": as_text(b.get("id")), "name": as_text(b.get("name")),
+                          "arguments": b.get("input") if isinstance(b.get("input"), dict) else {}}
+                         for b in content if b.get("type") == "tool_use"]
+                add({"role": "assistant", "content": "\n\n".join(texts), "reasoning": "\n\n".join(thinking) or None,
+                     "tool_calls": calls, "author": "model"})
+            else:
+                self._api_user(content, add, put)
+        return ctx
+
+    def _api_user(self, content: list[dict], add, put) -> None:
+        texts: list[str] = []
+
+        def flush() -> None:
+            if texts:
+                text = "\n\n".join(texts)
+                add({"role": "user", "content": text, "author": self._author_of(text)})
+                texts.clear()
+
+        for b in content:
+            if b.get("type") != "tool_result":
+                texts.append("[image]" if b.get("type") == "image" else as_text(b.get("text")))
+                continue
+            flush()
+            tu, text = as_text(b.get("tool_use_id")), content_text(b.get("content"))
+            # the transcript's own message for this result, when it is the same text
+            known = [mid for rec, _ in self.index.results.get(tu, [])[:1] for mid, t in self._user(rec)
+                     if t == tu and self.message(mid).content == text]
+            if not (known and put(known[0])):
+                add({"role": "tool", "content": text, "tool_call_id": tu, "author": "environment",
+                     "meta": {"is_error": True} if b.get("is_error") else {}})
+        flush()
+
+    def _tools(self, tools: list[dict]) -> list[str]:
+        """Names of the tools a request offered; their schemas join the trajectory's tools."""
+        have = {t.name for t in self.b.tools}
+        names = []
+        for t in tools:
+            name = as_text(t.get("name"))
+            if not name or name in names:
+                continue
+            names.append(name)
+            if name not in have:
+                schema = t.get("input_schema")
+                self.b.tools.append(ToolSchema(name=name, description=as_text(t.get("description")),
+                                               parameters=schema if isinstance(schema, dict) else {}))
+                have.add(name)
+        return names
+
+    def _author_of(self, text: str) -> str:
+        """harness (it carries a compaction summary), user (it carries a prompt) or system (reminders)."""
+        for rec in self.index.by_uuid.values():
+            o = rec.obj
+            if o.get("type") != "user" or o.get("isMeta") or not isinstance(o.get("message"), dict):
+                continue
+            c = o["message"].get("content")
+            if isinstance(c, str) and c.strip() and c.strip() in text:
+                return "harness" if o.get("isCompactSummary") else "user"
+        return "system"
+
     # --- calls ------------------------------------------------------------------------------------
 
     def summarization_calls(self, recs: list[Rec]) -> None:
@@ -252,7 +395,11 @@ class ChainTrajectory:
         # was sampled before it, from its parent in the preserved segment.
         start = self.index.orig_parent.get(first.uuid, first.parent)
         chain, boundary, gap = self._chain(start, at=first.order, own=key)
-        context, cleared, boundaries = self._micro(self._context(chain, before=first.order), start)
+        logged = self._request(first)
+        if logged is not None:  # the exact messages of the request, from the log itself
+            context, cleared, boundaries, gap = self._api_context(logged), [], [], None
+        else:
+            context, cleared, boundaries = self._micro(self._context(chain, before=first.order), start)
         if not context:
             self.result.notes["calls_without_context"] += 1
             return
@@ -263,6 +410,14 @@ class ChainTrajectory:
         meta: dict[str, Any] = {"request_id": first.obj.get("requestId"), "message_id": first.obj["message"].get("id"),
                                 "billed_tokens": None if msg.meta.get("synthetic") else self._billed(key, msg)}
         fields: dict[str, Any] = {}
+        if logged is not None:
+            meta.update(context_source="api-request", request_ref=first.obj.get("requestRef"),
+                        request_digest=logged.digest)
+            if logged.tools:
+                fields["tools"] = self._tools(logged.tools)
+            if logged.digest == "mismatch":
+                fields.update(selected=False, reason="request_digest_mismatch: the logged messages do not "
+                              "hash to the request's requestDigest")
         if summarization:
             fields["purpose"] = "summarize"
         if gap == "parent_cycle":
@@ -279,12 +434,12 @@ class ChainTrajectory:
         for tc in msg.tool_calls:
             self.call_of_tool_use[tc.id] = cid
         if not summarization:
-            self._maybe_evict(cid, boundary, context)
+            self._maybe_evict(cid, boundary, context, exact=logged is not None)
             self.boundary_of_call[cid] = boundary.uuid if boundary else None
         micro.record_evictions(self, cid, cleared)
         self.delivered.update([*context, response])
 
-    def _maybe_evict(self, cid: str, boundary: Rec | None, context: list[str]) -> None:
+    def _maybe_evict(self, cid: str, boundary: Rec | None, context: list[str], exact: bool = False) -> None:
         prev = next((c for c in reversed(self.b.calls[:-1]) if c.id in self.boundary_of_call), None)
         if boundary is None or prev is None or self.boundary_of_call[prev.id] == boundary.uuid:
             return
@@ -292,6 +447,23 @@ class ChainTrajectory:
         meta_c = o.get("compactMetadata") if isinstance(o.get("compactMetadata"), dict) else {}
         logical = o.get("logicalParentUuid")
         meta: dict[str, Any] = {"boundary_uuid": boundary.uuid, "logical_parent": logical}
+        if exact and not prev.meta.get("context_source") == "api-request":
+            exact = False
+        if exact:
+            # Both contexts are logged requests: before = the previous request, its response and the
+            # results of that response's tool calls (the compaction runs after the tool round).
+            before = [*prev.context, prev.response]
+            for tc in self.message(prev.response).tool_calls:
+                for rec, _ in self.index.results.get(tc.id, [])[:1]:
+                    before += [mid for mid, t in self._user(rec) if t == tc.id]
+            was = set(before)
+            now = set(context)
+            inserted = [m for m in context if m not in was and m not in self.record_ids]
+            self.b.eviction(cid, "summarize", [m for m in before if m not in now], inserted,
+                            trigger=opt_str(meta_c.get("trigger")), tokens_before=opt_int(meta_c.get("preTokens")),
+                            meta={**meta, "from": "api-request"})
+            self.result.notes["compactions"] += 1
+            return
         if logical and logical in self.index.by_uuid:
             pre_chain, _, _ = self._chain(logical, at=boundary.order)
             before, _, _ = self._micro(self._context(pre_chain, before=boundary.order), logical)

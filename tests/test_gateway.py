@@ -86,6 +86,18 @@ def independent_ids(tokenizer, system: str, messages: list[dict], tools: list[di
                                          return_dict=False)
 
 
+def tool_turn(client, session: str, messages: list[dict], result: str):
+    """One Anthropic call of ``session``; its reply and a tool_result for its tool_use appended to ``messages``."""
+    reply = client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=messages, tools=TOOLS,
+                                   extra_headers={"x-claude-code-session-id": session})
+    uses = [b for b in reply.content if b.type == "tool_use"]
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+    if uses:
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": result}
+                                                      for u in uses]})
+    return reply
+
+
 def journal(out: Path) -> list[dict]:
     records = []
     for p in sorted((out / "sessions").glob("*.jsonl*")):
@@ -206,11 +218,7 @@ def test_compaction_is_a_summarize_branch_and_exact_methods_sit_at_the_floor(ser
     client = anthropic.Anthropic(base_url=url, api_key="x")
     head = {"x-claude-code-session-id": "sess-c"}
     messages = [{"role": "user", "content": "Read the notes."}]
-    first = client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=messages, tools=TOOLS,
-                                   extra_headers=head)
-    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[1].id,
-                                               "content": "hello"}]}]
+    tool_turn(client, "sess-c", messages, "hello")
     summary_request = messages + [{"role": "assistant", "content": "I read it."},
                                   {"role": "user", "content": "Now create a detailed summary of the conversation."}]
     summary = client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=summary_request,
@@ -369,17 +377,9 @@ def test_eight_sessions_at_once_never_mix(served):
     def session(k: int):
         try:
             client = anthropic.Anthropic(base_url=url, api_key="x")
-            head = {"x-claude-code-session-id": f"par-{k}"}
             messages = [{"role": "user", "content": f"Task {k}: read the notes."}]
             for _ in range(3):
-                r = client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=messages, tools=TOOLS,
-                                           extra_headers=head)
-                messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
-                uses = [b for b in r.content if b.type == "tool_use"]
-                if not uses:
-                    break
-                messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
-                                                              "content": f"result for task {k}"} for u in uses]})
+                tool_turn(client, f"par-{k}", messages, f"result for task {k}")
         except Exception as e:  # noqa: BLE001 — collected and asserted below
             errors.append(e)
 
@@ -427,15 +427,9 @@ def test_kill_9_keeps_every_completed_call(kit, tmp_path):
             except httpx.HTTPError:
                 time.sleep(0.1)
         client = anthropic.Anthropic(base_url=url, api_key="x")
-        head = {"x-claude-code-session-id": "killed"}
         messages = [{"role": "user", "content": "Read the notes."}]
-        r = client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=messages, tools=TOOLS,
-                                   extra_headers=head)
-        messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": r.content[1].id,
-                                                   "content": "hello"}]}]
-        client.messages.create(model="kit", max_tokens=300, system=SYSTEM, messages=messages, tools=TOOLS,
-                               extra_headers=head)
+        tool_turn(client, "killed", messages, "hello")
+        tool_turn(client, "killed", messages, "notes.txt")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

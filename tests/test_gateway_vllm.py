@@ -49,3 +49,40 @@ def test_codex_through_the_gateway_to_vllm_serve_is_reproduced_by_radix(kit, tmp
     diffs = [abs(a - b) for per_call in tokens[traj.id].values()
              for a, b in zip(per_call["logprob"]["radix"], per_call["rollout"], strict=True) if a is not None]
     assert diffs and max(diffs) <= 1e-5, max(diffs)
+
+
+def test_in_process_vllm_backend_records_what_vllm_sampled(kit, tmp_path):
+    """``--backend vllm``: vLLM in the gateway's process. Two chat calls of one session (the second
+    extends the first); ``radix`` reproduces the recorded logprobs within 1e-5."""
+    import httpx
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.modelkit import build_model
+    from memorywalker.records import read_trajectories
+    from memorywalker.render import Renderer
+    from memorywalker.render.render import RenderOptions
+    from memorywalker.train.model import load_model
+
+    model = build_model(tmp_path / "m", kit[0], hidden_size=128, num_heads=2, num_kv_heads=1, max_positions=2048)
+    gw = build_gateway(str(model), "vllm", tmp_path / "out", tokenizer=str(kit[0]), max_new_tokens=64)
+    messages = [{"role": "user", "content": "Say something."}]
+    with BackgroundServer(gw) as url:
+        for _ in range(2):
+            r = httpx.post(url + "/v1/chat/completions", json={"model": "kit", "messages": messages},
+                           headers={"x-session-id": "v"}, timeout=300)
+            assert r.status_code == 200, r.text
+            messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""},
+                         {"role": "user", "content": "Go on."}]
+    gw.backend.policy.policy.close()
+    (traj,) = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert len(traj.calls) == 2
+    lm, tok = load_model(str(model), str(kit[0]), dtype="float32", device=torch.device("cpu"))
+    tokens: dict = {}
+    # a random model rarely ends within 64 tokens: its cut-off responses are compared as prefixes
+    gap_report(lm, Renderer(tok, RenderOptions(truncated="prefix")), [traj], ["radix"], drift=False, tokens=tokens)
+    diffs = [abs(a - b) for per_call in tokens[traj.id].values()
+             for a, b in zip(per_call["logprob"]["radix"], per_call["rollout"], strict=True)
+             if a is not None and b is not None]
+    assert diffs and max(diffs) <= 1e-5, max(diffs)

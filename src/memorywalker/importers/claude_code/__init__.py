@@ -3,6 +3,9 @@
 * **Calls.** One call per model response. Claude Code writes one record per content block, so the
   records sharing ``message.id`` (or ``requestId``) are one response; their text, thinking and
   tool_use blocks are merged into one assistant message.
+* **Contexts from the request log** (2.1.3xx): when the response's ``requestRef`` names an
+  ``api-request`` whose chain resolves, its context is that request's exact messages, system prompt
+  and tools, and its ``requestDigest`` is recomputed (:mod:`.requests`); otherwise:
 * **Contexts.** The context of a call is the ``parentUuid`` chain the model saw, walked back from
   the response's first record to the newest ``compact_boundary`` (whose ``parentUuid`` is null).
   Parallel tool uses branch that chain (each result hangs off its own tool_use record), so the

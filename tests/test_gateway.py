@@ -489,3 +489,21 @@ def test_the_sdks_raise_their_own_errors_with_the_gateways_message(kit, tmp_path
             anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
                 model="kit", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
         assert e.value.status_code == 502
+
+
+def test_binding_beyond_loopback_needs_a_key_and_the_key_is_checked(kit, tmp_path):
+    from memorywalker.gateway.server import check_bind
+
+    with pytest.raises(ValueError, match="--api-key"):
+        check_bind("0.0.0.0", None)
+    check_bind("0.0.0.0", "k")
+    check_bind("127.0.0.1", None)
+    gw = make_gateway(kit, tmp_path / "out", tmp_path)
+    body = {"model": "kit", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    with BackgroundServer(gw, api_key="s3cret") as url:
+        assert _post(url, "/v1/messages", body).status_code == 401
+        assert _post(url, "/v1/messages", body, **{"x-api-key": "wrong"}).status_code == 401
+        assert _post(url, "/v1/messages", body, **{"x-api-key": "s3cret"}).status_code == 200
+        r = _post(url, "/v1/chat/completions", body, authorization="Bearer s3cret")
+        assert r.status_code == 200
+    assert len(journal(tmp_path / "out")) == 2  # refused calls are not recorded

@@ -100,7 +100,10 @@ def gateway(
 
     server = BackgroundServer(gw, host=host, port=port, api_key=api_key, idle_s=idle, on_call=on_call)
     url = server.start()
-    console.print(f"memorywalker gateway on {url} serving {model} ({backend}), {gw.max_positions} positions; "
+    console.print(f"memorywalker gateway on {url} serving {model} ({backend}), {gw.max_positions} positions, "
+                  f"tool calls parsed by '{gw.tool_parser}'"
+                  + (" (the template has no tool-call syntax known here: responses go back as text)"
+                     if gw.tool_parser == "text" else "") + "; "
                   f"records in {out}. `memorywalker gateway --settings --port {port}` prints harness settings. "
                   "Ctrl-C stops.")
     try:

@@ -11,6 +11,7 @@ over the size limit, 502 backend failed or answered garbage, 504 backend too slo
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from types import ModuleType
@@ -49,7 +50,7 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
         if api_key is None:
             return True
         given = req.headers.get("x-api-key") or req.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        return given == api_key
+        return hmac.compare_digest(given.encode(), api_key.encode())  # no timing hint about the key
 
     async def body_of(req: HTTPRequest, dialect: ModuleType) -> Any:
         declared = req.headers.get("content-length", "")

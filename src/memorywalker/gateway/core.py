@@ -25,7 +25,7 @@ from memorywalker.gateway.trajectory import build_session
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 from memorywalker.render.render import Renderer, _TrajectoryCache
-from memorywalker.render.toolcalls import parse_response
+from memorywalker.render.toolcalls import PARSERS, parser_for
 from memorywalker.render.types import schemas_to_hf
 
 # Summarization requests, recognized by the prompt each harness sends (its own words; docs/gateway.md).
@@ -104,6 +104,7 @@ class Gateway:
             self.redactor: Redactor | None = Redactor()  # one for the gateway's life: one placeholder per secret
         else:
             self.redactor = None
+        self.tool_parser = parser_for(getattr(renderer.tok, "chat_template", None))  # PARSERS key
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._counter = 0
@@ -234,7 +235,7 @@ class Gateway:
         ids = list(out.token_ids)
         body = ids[:-1] if ids and ids[-1] in self.renderer.eot_ids and out.finish_reason != "length" else ids
         text = self.renderer.tok.decode(body, skip_special_tokens=False)
-        parsed = parse_response(text)
+        parsed = PARSERS[self.tool_parser](text)
         offered = {t.name for t in request.tools}
         prefix = "toolu_" if request.dialect == "anthropic" else "call_"
         error = None if parsed.error in (None, "no tool call") else parsed.error

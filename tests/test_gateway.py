@@ -507,3 +507,33 @@ def test_binding_beyond_loopback_needs_a_key_and_the_key_is_checked(kit, tmp_pat
         r = _post(url, "/v1/chat/completions", body, authorization="Bearer s3cret")
         assert r.status_code == 200
     assert len(journal(tmp_path / "out")) == 2  # refused calls are not recorded
+
+
+def test_a_session_id_seen_again_after_finalizing_is_a_new_part(served):
+    """A harness resuming a session the gateway already finalized (idle, or a restart): a second part
+    with its own trajectory id, the first left as it was."""
+    url, gw, out = served
+    client = anthropic.Anthropic(base_url=url, api_key="x")
+    tool_turn(client, "again", [{"role": "user", "content": "Read the notes."}], "hello")
+    assert gw.finalize("again") == 1
+    messages = [{"role": "user", "content": "Read the notes."}]
+    tool_turn(client, "again", messages, "hello")
+    tool_turn(client, "again", messages, "notes.txt")
+    gw.close()
+    trajs = {t.id: t for t in read_trajectories(out / "trajectories.jsonl")}
+    assert sorted(trajs) == ["again", "again#part2"]
+    assert len(trajs["again"].calls) == 1 and len(trajs["again#part2"].calls) == 2
+
+
+def test_a_backend_bug_is_a_500_in_the_dialects_shape(served, monkeypatch):
+    url, gw, out = served
+
+    def broken(call):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(gw.backend, "sample", broken)
+    r = _post(url, "/v1/chat/completions", {"model": "kit", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 500 and "KeyError" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    r = _post(url, "/v1/chat/completions", {"model": "kit", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from types import ModuleType
 from typing import Any
@@ -30,6 +31,7 @@ from memorywalker.gateway.dialect import BadRequest
 # The header each harness names its session with (Claude Code, Codex, OpenCode), then common ones.
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id", "conversation-id")
 MAX_BODY = 64 << 20
+log = logging.getLogger("memorywalker.gateway")
 
 
 class UpstreamError(Exception):
@@ -81,6 +83,9 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
                 return error(dialect, e.status, str(e))
             except UpstreamError as e:
                 return error(dialect, e.status, str(e))
+            except Exception as e:  # noqa: BLE001 — a bug: the client gets its dialect's 500, the log the traceback
+                log.exception("gateway: a call failed")
+                return error(dialect, 500, f"internal error in the gateway: {type(e).__name__}: {e}")
             if on_call is not None:
                 on_call(record)
             if not request.stream:
@@ -138,7 +143,7 @@ async def _stream(gateway: Gateway, dialect: ModuleType, reply, request, record)
         done = True
     finally:
         if not done:
-            session = gateway.sessions.get(record["session"])
+            session = next((s for s in list(gateway.sessions.values()) if s.id == record["session"]), None)
             if session is not None:
                 session.journal.append({"kind": "undelivered", "call": record["id"], "time": time.time(),
                                         "reason": "the client disconnected mid-stream"})

@@ -52,9 +52,10 @@ def purpose_of(messages: list[Message]) -> str:
 
 @dataclass
 class Session:
-    id: str
+    id: str  # the trajectory id: the harness's session id (``#partN`` when it came back after finalizing)
     source: str  # "header:<name>" | "prefix"
     journal: Journal
+    key: str = ""  # what finds it in Gateway.sessions: the header's value, or the anonymous id
     cache: _TrajectoryCache = field(default_factory=_TrajectoryCache)
     sampled_args: dict[str, Any] = field(default_factory=dict)  # tool-call id -> arguments as sampled
     last_sequence: list[int] = field(default_factory=list)
@@ -129,8 +130,14 @@ class Gateway:
                 sid, source = f"anon-{int(time.time())}-{len(self.sessions)}", "prefix"
             session = self.sessions.get(sid)
             if session is None:
-                session = Session(sid, source, Journal(session_file(self.out, sid)))
-                self.sessions[sid] = session
+                # A session id seen before (finalized when it idled, or before a restart) continues as a new part:
+                # its own journal and trajectory id, never appended to a finished one.
+                part, base = 1, sid
+                while session_file(self.out, sid).exists() or session_file(self.out, sid).with_suffix(".jsonl.done").exists():
+                    part += 1
+                    sid = f"{base}#part{part}"
+                session = Session(sid, source, Journal(session_file(self.out, sid)), key=base)
+                self.sessions[base] = session
                 self.stats["sessions"] += 1
             return session
 
@@ -256,10 +263,11 @@ class Gateway:
 
     # --- trajectories -----------------------------------------------------------------------------
 
-    def finalize(self, session_id: str) -> int:
-        """Write the session's trajectories to ``OUT/trajectories.jsonl`` and retire its journal; returns how many."""
+    def finalize(self, key: str) -> int:
+        """Write a session's trajectories to ``OUT/trajectories.jsonl`` and retire its journal; returns how many.
+        ``key`` is the session's header value (or anonymous id)."""
         with self._lock:
-            session = self.sessions.pop(session_id, None)
+            session = self.sessions.pop(key, None)
         if session is None:
             return 0
         session.journal.close()
@@ -267,7 +275,7 @@ class Gateway:
 
     def finalize_idle(self, idle_s: float) -> int:
         now = time.monotonic()
-        idle = [s.id for s in list(self.sessions.values()) if now - s.last_seen >= idle_s and not s.lock.locked()]
+        idle = [s.key for s in list(self.sessions.values()) if now - s.last_seen >= idle_s and not s.lock.locked()]
         return sum(self.finalize(sid) for sid in idle)
 
     def close(self) -> int:

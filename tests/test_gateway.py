@@ -537,3 +537,30 @@ def test_a_backend_bug_is_a_500_in_the_dialects_shape(served, monkeypatch):
     monkeypatch.undo()
     r = _post(url, "/v1/chat/completions", {"model": "kit", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200
+
+
+def test_a_response_sent_back_changed_is_template_drift_and_reserialized_json_is_not(served):
+    """Chat: the first reply comes back once with its tool-call JSON re-serialized compactly (the same
+    JSON: restored to the sampled text, no branch) and, in another session, with its text changed
+    (renders to other ids: one ``template-drift`` branch, counted in the trajectory's meta)."""
+    url, gw, out = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    for session, change in (("same-json", False), ("drift", True)):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Read the notes."}]
+        r = client.chat.completions.create(model="kit", messages=messages, tools=OPENAI_TOOLS,
+                                           extra_headers={"x-session-id": session})
+        (tc,) = r.choices[0].message.tool_calls
+        compact = json.dumps(json.loads(tc.function.arguments), separators=(",", ":"))
+        assert compact != tc.function.arguments
+        text = r.choices[0].message.content + (" " if change else "")
+        messages += [{"role": "assistant", "content": text, "tool_calls": [
+                         {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": compact}}]},
+                     {"role": "tool", "tool_call_id": tc.id, "content": "hello"}]
+        client.chat.completions.create(model="kit", messages=messages, tools=OPENAI_TOOLS,
+                                       extra_headers={"x-session-id": session})
+    gw.close()
+    trajs = {t.id: t for t in read_trajectories(out / "trajectories.jsonl")}
+    assert trajs["same-json"].evictions == [] and trajs["same-json"].meta["template_drift"] == 0
+    (ev,) = trajs["drift"].evictions
+    assert ev.kind == "template-drift" and trajs["drift"].meta["template_drift"] == 1
+    assert ev.removed == [trajs["drift"].calls[0].response]

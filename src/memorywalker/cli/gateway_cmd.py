@@ -45,9 +45,9 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
 
 
 def gateway(
-    model: str = typer.Option(..., help="The served model: a local Hugging Face dir (its tokenizer and chat "
-                                        "template render every request), or a packaged model's name."),
-    out: Path = typer.Option(..., help="Where the records go: sessions/*.jsonl (journals, one line per call), "
+    model: str | None = typer.Option(None, help="(Required to serve.) The served model: a local Hugging Face dir (its tokenizer and chat "
+                                            "template render every request), or a packaged model's name."),
+    out: Path | None = typer.Option(None, help="(Required to serve.) Where the records go: sessions/*.jsonl (journals, one line per call), "
                                        "trajectories.jsonl (one per session line, written when a session idles "
                                        "or the gateway stops)."),
     backend: str = typer.Option("hf", help="hf | vllm | openai:URL (a `vllm serve` of the same model: token ids "
@@ -80,8 +80,13 @@ def gateway(
     from memorywalker.gateway.server import BackgroundServer, check_bind
 
     if settings:
-        sys.stdout.write(settings_text(f"http://{host}:{port}", Path(model).name, api_key or "memorywalker") + "\n")
+        name = Path(model).name if model else "MODEL"
+        sys.stdout.write(settings_text(f"http://{host}:{port}", name, api_key or "memorywalker") + "\n")
         return
+    if out is None:
+        raise typer.BadParameter("--out is required (where the records go)")
+    if model is None and not finalize:
+        raise typer.BadParameter("--model is required (the served model's directory)")
     if finalize:
         n = finalize_all(out)
         console.print(f"{n} trajectories written to {out / 'trajectories.jsonl'}")

@@ -564,3 +564,18 @@ def test_a_response_sent_back_changed_is_template_drift_and_reserialized_json_is
     (ev,) = trajs["drift"].evictions
     assert ev.kind == "template-drift" and trajs["drift"].meta["template_drift"] == 1
     assert ev.removed == [trajs["drift"].calls[0].response]
+
+
+def test_cli_prints_each_harness_settings_and_refuses_a_public_bind_without_a_key(tmp_path):
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "gateway", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    r = run("--settings", "--port", "9999")
+    assert r.returncode == 0
+    for h in ("# claude-code", "# codex", "# opencode", "ANTHROPIC_BASE_URL=http://127.0.0.1:9999",
+              'base_url="http://127.0.0.1:9999/v1"', '"baseURL": "http://127.0.0.1:9999/v1"'):
+        assert h in r.stdout, h
+    r = run("--model", str(tmp_path), "--out", str(tmp_path / "o"), "--host", "0.0.0.0")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--api-key" in r.stderr

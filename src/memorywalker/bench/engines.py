@@ -96,14 +96,11 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
               tokenizer_dir: Path | None = None, max_calls: int | None = None, sample_calls: int | None = None,
               plain_causal: bool = True, warmup: int = 1, shape: str | None = None, overrides: dict | None = None,
               checkpoint_chunks: bool = False) -> dict:
-    import numpy as np
     import torch
     from transformers import AutoTokenizer
 
-    from memorywalker.engine import EngineConfig, get_method, needs_full_view, run
-    from memorywalker.engine.head import OutputHead, capture_hidden, target_logprobs
+    from memorywalker.engine import needs_full_view
     from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group, synthetic_trajectory
-    from memorywalker.layout import Batch
     from memorywalker.records import TrajectoryReader
     from memorywalker.render import Renderer
 
@@ -113,7 +110,6 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
     model, tok_dir = load_bench_model(model_dir=model_dir, shape=shape, arch=arch, overrides=overrides,
                                       dtype=torch_dtype, seed=seed)
     model = model.to(dev)
-    model.train()
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or tok_dir)
     renderer = Renderer(tok)
     full_view = needs_full_view(methods)
@@ -130,6 +126,51 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
             ts = (synthetic_group(spec, f"bench-{i}", group_size) if group_size > 1
                   else [synthetic_trajectory(spec, f"bench-{i}")])
             groups.append([renderer.render(t, full_view=full_view) for t in ts])
+    result = bench_groups(model, groups, methods=methods, attention=attention, max_tokens=max_tokens,
+                          repeats=repeats, warmup=warmup, seed=seed, sample_calls=sample_calls,
+                          plain_causal=plain_causal, checkpoint_chunks=checkpoint_chunks)
+    return {
+        "config": dict(turns=turns, evictions=evictions, words=words, retries=retries, trajectories=trajectories,
+                       group_size=group_size, repeats=repeats, warmup=warmup, attention=attention, max_tokens=max_tokens,
+                       dtype=dtype, seed=seed, data=None if data is None else str(data), max_calls=max_calls,
+                       sample_calls=sample_calls, shape=shape, overrides=overrides,
+                       checkpoint_chunks=checkpoint_chunks),
+        "device": result.pop("device"),
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "model": str(model_dir) if model_dir else f"random {shape or 'kit'}",
+        "model_shape": model_shape(model),
+        **result,
+    }
+
+
+def model_shape(model) -> dict:
+    """The fields of ``model``'s config a benchmark row is read against."""
+    config = model.config
+    return {"model_type": config.model_type, "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size, "layers": config.num_hidden_layers,
+            "heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
+            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def bench_groups(model, groups, *, methods: list[str], attention: str | None, max_tokens: int, repeats: int,
+                 warmup: int, seed: int, sample_calls: int | None = None, plain_causal: bool = True,
+                 checkpoint_chunks: bool = False, skip=None) -> dict:
+    """Time and check every method on the micro-batch of rendered ``groups`` (lists of rendered
+    trajectories, each list one tree), on ``model``'s device and dtype. ``skip(method, rows)``, when
+    given, is asked before each method (``plain-causal`` included) with the rows so far; a string it
+    returns is the reason the method is not run (a row ``{method, skipped}``). A method that runs out of
+    CUDA memory gets ``skipped: "out of memory"``. Returns the result's keys from ``device`` on."""
+    import numpy as np
+    import torch
+
+    from memorywalker.engine import EngineConfig, get_method, run
+    from memorywalker.engine.head import OutputHead, capture_hidden, target_logprobs
+    from memorywalker.layout import Batch
+
+    dev = next(model.parameters()).device
+    model.train()
     batch = Batch.from_groups(groups)
     n_trees = len(batch.trees)
     unique = sum(len(t) for t in batch.trees)
@@ -158,15 +199,33 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
         for _ in range(repeats):
             model.zero_grad(set_to_none=True)
             with PeakMemory(dev) as mem:
-                t0 = time.perf_counter()
-                out = fn()
-                if dev.type == "cuda":
+                if dev.type == "cuda":  # CUDA events: the stream's time, not the host's launch queue
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    out = fn()
+                    end.record()
                     torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
+                    times.append(start.elapsed_time(end) / 1000)
+                else:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    times.append(time.perf_counter() - t0)
             peak = max(peak, mem.peak_mib)
         return out, times, peak, mem.kind
 
-    rows = []
+    def guarded(method, fn):
+        """``fn()``'s row, or a skipped row (the caller's reason, or CUDA out of memory)."""
+        reason = skip(method, rows) if skip is not None else None
+        if reason is None:
+            try:
+                return fn()
+            except torch.OutOfMemoryError:
+                model.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                reason = "out of memory"
+        return {"method": method, "skipped": reason}
+
+    rows: list[dict] = []
     sampled = len(chosen) < len(with_targets)
     for method in methods:
         cfg = EngineConfig(method=method, attention=attention, max_tokens=max_tokens,
@@ -174,20 +233,24 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
         mb = batch
         if method == "per-call" and sampled:  # only the sampled calls carry targets: one forward each
             mb = Batch.from_groups([[_only_calls(rt, ref_calls.get(rt.id, set())) for rt in g] for g in groups])
-        res, times, peak, kind = timed(lambda cfg=cfg, mb=mb: run(model, mb, cfg))
-        scale = len(with_targets) / len(chosen) if mb is not batch else 1.0
-        lp = res.logprobs.float().cpu().numpy()
-        diffs = [abs(lp[i] - reference[k]) for i, k in enumerate(keys_of(mb)) if k in reference and np.isfinite(lp[i])]
-        row = _row(method, get_method(method).exactness, res.metrics["forwards"], res.metrics["backwards"],
-                   res.metrics["processed_tokens"], n_trees, [t * scale for t in times], peak, kind,
-                   float(max(diffs)) if diffs else None, int(res.metrics["lost_targets"]))
-        row["extrapolated"] = scale != 1.0
-        if scale != 1.0:
-            row["forwards"] = round(row["forwards"] * scale)
-            row["backwards"] = round(row["backwards"] * scale)
-            row["tokens"] = per_call_tokens
-            row["tokens_per_tree"] = per_call_tokens / n_trees
-        rows.append(row)
+
+        def measure(method=method, cfg=cfg, mb=mb):
+            res, times, peak, kind = timed(lambda: run(model, mb, cfg))
+            scale = len(with_targets) / len(chosen) if mb is not batch else 1.0
+            lp = res.logprobs.float().cpu().numpy()
+            diffs = [abs(lp[i] - reference[k]) for i, k in enumerate(keys_of(mb)) if k in reference and np.isfinite(lp[i])]
+            row = _row(method, get_method(method).exactness, res.metrics["forwards"], res.metrics["backwards"],
+                       res.metrics["processed_tokens"], n_trees, [t * scale for t in times], peak, kind,
+                       float(max(diffs)) if diffs else None, int(res.metrics["lost_targets"]))
+            row["extrapolated"] = scale != 1.0
+            if scale != 1.0:
+                row["forwards"] = round(row["forwards"] * scale)
+                row["backwards"] = round(row["backwards"] * scale)
+                row["tokens"] = per_call_tokens
+                row["tokens_per_tree"] = per_call_tokens / n_trees
+            return row
+
+        rows.append(guarded(method, measure))
 
     if plain_causal:
         # The U unique tokens as one sequence, one causal forward/backward, no mask (the is_causal kernel);
@@ -206,25 +269,14 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
             loss.backward()
             return loss
 
-        _, times, peak, kind = timed(causal)
-        rows.append(_row("plain-causal", "limit", 1, 1, unique, n_trees, times, peak, kind, None, 0))
-        rows[-1]["extrapolated"] = False
-    config = model.config
+        def measure_causal():
+            _, times, peak, kind = timed(causal)
+            return {**_row("plain-causal", "limit", 1, 1, unique, n_trees, times, peak, kind, None, 0),
+                    "extrapolated": False}
+
+        rows.append(guarded("plain-causal", measure_causal))
     return {
-        "config": dict(turns=turns, evictions=evictions, words=words, retries=retries, trajectories=trajectories,
-                       group_size=group_size, repeats=repeats, warmup=warmup, attention=attention, max_tokens=max_tokens,
-                       dtype=dtype, seed=seed, data=None if data is None else str(data), max_calls=max_calls,
-                       sample_calls=sample_calls, shape=shape, overrides=overrides,
-                       checkpoint_chunks=checkpoint_chunks),
         "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
-        "threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "model": str(model_dir) if model_dir else f"random {shape or 'kit'}",
-        "model_shape": {"model_type": config.model_type, "vocab_size": config.vocab_size,
-                        "hidden_size": config.hidden_size, "layers": config.num_hidden_layers,
-                        "heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
-                        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-                        "parameters": sum(p.numel() for p in model.parameters())},
         "trees": n_trees,
         "targets": len(batch.targets),
         "unique_tokens": unique,

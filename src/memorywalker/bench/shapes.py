@@ -9,7 +9,7 @@ and memory. Any field can be overridden (fewer layers, the kit's width with a re
 >>> cfg.model_type, cfg.vocab_size, cfg.head_dim, cfg.num_hidden_layers
 ('qwen3', 151936, 128, 2)
 >>> sorted(SHAPES)
-['kit', 'llama-3.2-1b', 'qwen3-0.6b']
+['kit', 'llama-3.2-1b', 'qwen2.5-0.5b', 'qwen3-0.6b']
 
 ``kit`` is the kit model's own config (hidden 64, 2 layers, head_dim 16, the kit tokenizer's vocabulary).
 """

@@ -28,7 +28,8 @@ With ``--sample-calls S`` the reference and the ``per-call`` row cover S random 
   ``max_memory_allocated``; CPU: peak growth of the glibc heap in use, sampled every millisecond),
   ``memory_kind``, ``max_abs_logprob_diff`` (max over the reference calls' targets of |logprob − plain
   per-call logprob|; lost targets excluded), ``lost_targets``, ``extrapolated`` (per-call on a sample:
-  the times are scaled to all calls).
+  the times are scaled to all calls). A method that runs out of CUDA memory is a row ``{method, skipped:
+  "out of memory"}``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def bench_engines(
                                "packaged model (smollm2-135m: memorywalker models get); default: tiny kit"),
     arch: str = typer.Option("llama", help="tiny kit architecture when --model is not given: llama | qwen2"),
     shape: str = typer.Option(None, "--shape", help="random weights at a shipped real model's shape: "
-                              "kit | qwen3-0.6b | llama-3.2-1b (with the kit tokenizer; nothing downloaded)"),
+                              "kit | qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b (with the kit tokenizer; nothing downloaded)"),
     vocab_size: int = typer.Option(None, "--vocab-size", help="override the shape's vocabulary (e.g. 151936)"),
     hidden_size: int = typer.Option(None, "--hidden-size", help="override the shape's hidden size"),
     layers: int = typer.Option(None, "--layers", help="override the shape's number of layers"),
@@ -137,6 +138,9 @@ def _print_table(result: dict) -> None:
                 "max |Δlogp| vs plain per-call", "lost"):
         table.add_column(col, justify="left" if col in ("method", "exact") else "right")
     for r in result["rows"]:
+        if "skipped" in r:  # a method that ran out of CUDA memory
+            table.add_row(r["method"], f"skipped: {r['skipped']}", *[""] * 7)
+            continue
         diff = "-" if r["max_abs_logprob_diff"] is None else f"{r['max_abs_logprob_diff']:.2e}"
         name = r["method"] + (" (extrapolated)" if r.get("extrapolated") else "")
         table.add_row(name, r["exact"], str(r["forwards"]), str(r["backwards"]), f"{r['tokens_per_tree']:.0f}",
@@ -145,4 +149,5 @@ def _print_table(result: dict) -> None:
     if result["reference_calls"] < result["calls"]:
         typer.echo(f"reference: plain per-call forwards on {result['reference_calls']} random calls of "
                    f"{result['calls']}; per-call time measured on them and scaled by calls")
-    typer.echo(f"peak memory: {result['rows'][-1]['memory_kind']}")
+    kinds = {r["memory_kind"] for r in result["rows"] if "memory_kind" in r}
+    typer.echo(f"peak memory: {', '.join(sorted(kinds)) or '-'}")

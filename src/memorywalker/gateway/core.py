@@ -24,7 +24,7 @@ from memorywalker.gateway.journal import Journal, read_journal, session_file
 from memorywalker.gateway.trajectory import build_session
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
-from memorywalker.render.render import Renderer, _TrajectoryCache
+from memorywalker.render.render import PromptCache, Renderer
 from memorywalker.render.toolcalls import PARSERS, parser_for
 from memorywalker.render.types import schemas_to_hf
 
@@ -56,7 +56,7 @@ class Session:
     source: str  # "header:<name>" | "prefix"
     journal: Journal
     key: str = ""  # what finds it in Gateway.sessions: the header's value, or the anonymous id
-    cache: _TrajectoryCache = field(default_factory=_TrajectoryCache)
+    cache: PromptCache = field(default_factory=PromptCache)
     sampled_args: dict[str, Any] = field(default_factory=dict)  # tool-call id -> arguments as sampled
     last_sequence: list[int] = field(default_factory=list)
     calls: int = 0
@@ -154,7 +154,7 @@ class Gateway:
             text = self.renderer.prompt_text(request.messages, schemas_to_hf(request.tools))
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refuses this conversation: {e}") from None
-        cache = session.cache if session is not None else _TrajectoryCache()
+        cache = session.cache if session is not None else PromptCache()
         ids = self.renderer.encode_continuing(text, cache)
         if self.renderer.tok.decode(ids, skip_special_tokens=False) != text:  # never deliver other text than rendered
             ids = self.renderer.tok(text, add_special_tokens=False)["input_ids"]

@@ -363,3 +363,7 @@ class _TrajectoryCache:
         if d is None:
             d = self._hf[m.id] = message_to_hf(m)
         return d
+
+
+# What a serving session keeps between its calls for Renderer.encode_continuing / remember (the gateway).
+PromptCache = _TrajectoryCache

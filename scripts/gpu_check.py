@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from memorywalker.bench import gpu_check as plans
     from memorywalker.bench.engines import _first_calls, bench_groups, model_shape
-    from memorywalker.bench.gpu_check import METHODS, PLANS, Budget, markdown, ratios, synthetic_tree
+    from memorywalker.bench.gpu_check import PLANS, Budget, markdown, ratios, synthetic_tree
     from memorywalker.bench.gpu_check import violations as exactness_violations
     from memorywalker.bench.shapes import random_model
     from memorywalker.importers import run_import
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append({**case, "skipped": what.removeprefix("skipped: ")})
                 continue
             unique = len(Batch.from_groups(groups).trees[0])
-            res = bench_groups(model, groups, methods=list(METHODS), attention=attention, max_tokens=plan.max_tokens,
+            res = bench_groups(model, groups, methods=plans.methods(), attention=attention, max_tokens=plan.max_tokens,
                                repeats=plan.repeats, warmup=plan.warmup, seed=0, sample_calls=sample,
                                checkpoint_chunks=unique > plan.checkpoint_above, skip=budget.case(dtype, unique))
             for r in res["rows"]:

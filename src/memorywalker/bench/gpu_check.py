@@ -22,10 +22,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# Timed methods, cheapest first so the time budget cuts the expensive ones; plain-causal comes after.
-METHODS = ("radix", "tree-mask", "logit-tree", "dfs", "per-call")
-# Exact methods a ratio may call "best" (per-call is the reference, extrapolated when sampled).
-BEST_CANDIDATES = ("radix", "tree-mask", "logit-tree")
+BASELINE = "dfs"  # the naive baseline over the same unique tokens: how far from exact it is
+
+
+def best_candidates() -> list[str]:
+    """The exact methods a ratio may call "best": every registered exact one but the reference (per-call,
+    extrapolated when sampled)."""
+    from memorywalker.engine.methods import get_method, method_names
+
+    return [m for m in method_names() if get_method(m).exactness == "exact"]
+
+
+def methods() -> list[str]:
+    """The timed methods, cheapest first so the time budget cuts the expensive ones: the exact ones,
+    the baseline, then the reference (plain-causal is timed after them by the bench)."""
+    from memorywalker.engine.methods import get_method, method_names
+
+    reference = [m for m in method_names() if get_method(m).exactness == "exact (reference)"]
+    return [*best_candidates(), BASELINE, *reference]
 
 
 @dataclass(frozen=True)
@@ -141,10 +155,10 @@ class Budget:
 
 
 def ratios(rows: list[dict]) -> dict:
-    """Time ratios of the fastest exact method (radix, tree-mask, logit-tree) against plain causal (how
-    far from the limit), per-call and the tree mask (how much faster); None where a row is missing."""
+    """Time ratios of the fastest exact method (of :func:`best_candidates`) against plain causal (how far
+    from the limit), per-call and the tree mask (how much faster); None where a row is missing."""
     t = {r["method"]: r["time_per_tree_s"] for r in rows if "skipped" not in r}
-    measured = [m for m in BEST_CANDIDATES if m in t]
+    measured = [m for m in best_candidates() if m in t]
     if not measured:
         return {"best_exact": None, "best_vs_plain_causal": None, "per_call_vs_best": None, "tree_mask_vs_best": None}
     best = min(measured, key=t.get)

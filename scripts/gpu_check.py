@@ -105,15 +105,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- the model: built once from the shape's config, fp32 first, then the same weights in bf16
     model = random_model(plan.shape, tok, seed=0, kit_model_dir=kit_model, **plan.fields).to(dev)
-    budget = Budget(args.budget_s or plan.budget_s, cases=len(trees) * len(plan.dtypes))
+    budget = Budget(plan.budget_s if args.budget_s is None else args.budget_s, cases=len(trees) * len(plan.dtypes))
     cases = []
     for dtype in plan.dtypes:
         model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
         for name, groups, sample, what in trees:
             case = {"name": name, "dtype": dtype, "tree": what}
-            if groups is None:
+            if groups is None or time.monotonic() >= budget.deadline:  # no tree, or no time for its reference
                 budget.cases_left -= 1
-                cases.append({**case, "skipped": what.removeprefix("skipped: ")})
+                cases.append({**case, "skipped": what.removeprefix("skipped: ") if groups is None else "budget"})
                 continue
             unique = len(Batch.from_groups(groups).trees[0])
             res = bench_groups(model, groups, methods=plans.methods(), attention=attention, max_tokens=plan.max_tokens,

@@ -8,6 +8,7 @@ hand, and tokenized by ``tokenizer.apply_chat_template`` — no gateway code in 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -579,3 +580,17 @@ def test_cli_prints_each_harness_settings_and_refuses_a_public_bind_without_a_ke
         assert h in r.stdout, h
     r = run("--model", str(tmp_path), "--out", str(tmp_path / "o"), "--host", "0.0.0.0")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--api-key" in r.stderr
+
+
+@pytest.mark.parametrize("text,cause", [("steps: [", "not YAML/JSON"), ("- 1\n", "a mapping with a 'steps' list"),
+                                        ("steps: [{txt: hi}]", "steps[0] needs 'text'"),
+                                        ("steps: [{tool_calls: [{arguments: {}}]}]", "tool_calls[0] needs a 'name'"),
+                                        ("steps: []\nrules: [{text: x, match: {user: y}}]", "rules[0].match")])
+def test_a_bad_script_is_refused_naming_the_file_and_the_entry(tmp_path, text, cause):
+    from memorywalker.gateway.backends import Scripted
+
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(cause)) as e:
+        Scripted.load(path)
+    assert str(path) in str(e.value)

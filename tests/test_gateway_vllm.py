@@ -34,8 +34,7 @@ def test_codex_through_the_gateway_to_vllm_serve_is_reproduced_by_radix(kit, tmp
     model = build_model(tmp_path / "m", kit[0], hidden_size=128, num_heads=2, num_kv_heads=1, max_positions=32768)
     with vllm_serve(model, tmp_path / "server.log", max_model_len=24576, kv_cache_bytes=536870912) as (url, _):
         gw = build_gateway(str(model), f"openai:{url}", tmp_path / "out", tokenizer=str(kit[0]), max_new_tokens=6000,
-                           harness="codex")
-        gw.backend.policy.model = "kit"  # the served model name
+                           harness="codex", upstream_model="kit")  # vllm_serve's --served-model-name
         s = capture("codex", "Read notes.txt and say what it says.", gw, files={"notes.txt": "hello\n"},
                     deadline_s=300)
     (traj,) = s.trajectories

@@ -15,7 +15,8 @@ console = Console(stderr=True)
 
 def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None = None, dtype: str = "float32",
                   temperature: float = 1.0, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
-                  keep_requests: bool = True, redact: bool = False, lm=None, tok=None):
+                  keep_requests: bool = True, redact: bool = False, upstream_model: str | None = None,
+                  lm=None, tok=None):
     """A :class:`~memorywalker.gateway.core.Gateway` for ``model`` behind ``backend`` (journals left by a
     killed gateway in ``out`` are finalized first)."""
     from memorywalker.gateway.backends import make_backend
@@ -38,7 +39,7 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
     model_dir = str(resolve_dirs(model, tokenizer)[0]) if lm is None else None
     sampler = make_backend(backend, model_dir=model_dir if kind != "openai" else str(model), renderer=renderer,
                            temperature=temperature, dtype=dtype, max_new_tokens=max_new_tokens, model=lm,
-                           max_positions=positions)
+                           max_positions=positions, upstream_model=upstream_model)
     return Gateway(renderer, sampler, out, model_name=Path(str(model)).name or str(model), max_positions=positions,
                    max_new_tokens=max_new_tokens, seed=seed, harness=harness, keep_requests=keep_requests,
                    temperature=temperature if temperature > 0 else 1.0, redact=redact)
@@ -56,6 +57,8 @@ def gateway(
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     api_key: str | None = typer.Option(None, help="Require this key (x-api-key or Authorization: Bearer)."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
+    upstream_model: str | None = typer.Option(None, help="With openai:URL: the name the server serves the model "
+                                              "under (vllm serve --served-model-name; default: the --model path)."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (the recorded logprobs are of it)."),
     max_new_tokens: int = typer.Option(512, help="Cap on each response (below the client's max_tokens)."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
@@ -93,7 +96,8 @@ def gateway(
         return
     check_bind(host, api_key)
     gw = build_gateway(model, backend, out, tokenizer=tokenizer, dtype=dtype, temperature=temperature,
-                       max_new_tokens=max_new_tokens, seed=seed, keep_requests=keep_requests, redact=redact)
+                       max_new_tokens=max_new_tokens, seed=seed, keep_requests=keep_requests, redact=redact,
+                       upstream_model=upstream_model)
     lines = threading.Lock()
 
     def on_call(record: dict) -> None:

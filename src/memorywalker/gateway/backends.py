@@ -90,7 +90,10 @@ class Scripted:
     def load(cls, path: str | Path) -> Scripted:
         import yaml
 
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not YAML/JSON: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict) or not isinstance(data.get("steps", []), list):
             raise ValueError(f"{path}: a script is a mapping with a 'steps' list (and optional 'rules')")
         steps, rules = data.get("steps") or [], data.get("rules") or []
@@ -175,8 +178,12 @@ class ScriptedBackend:
 
 
 def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temperature: float, dtype: str = "float32",
-                 max_new_tokens: int = 512, model=None, max_positions: int = 8192) -> Backend:
-    """``hf`` | ``vllm`` | ``openai:URL`` | ``scripted:FILE`` → a backend serving ``model_dir``'s model."""
+                 max_new_tokens: int = 512, model=None, max_positions: int = 8192,
+                 upstream_model: str | None = None) -> Backend:
+    """``hf`` | ``vllm`` | ``openai:URL`` | ``scripted:FILE`` → a backend serving ``model_dir``'s model.
+
+    ``upstream_model``: the model name an ``openai:URL`` server serves (``vllm serve``'s
+    ``--served-model-name``; by default the directory it was started with)."""
     kind, _, arg = spec.partition(":")
     stop = sorted(renderer.eot_ids)
     if kind in ("hf", "scripted") and not (kind == "hf" and arg):
@@ -202,7 +209,7 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
     if kind == "openai" and arg:
         from memorywalker.samplers.openai import OpenAIPolicy
 
-        policy = OpenAIPolicy(arg, model=model_dir or "default", temperature=temperature, stop_ids=stop,
+        policy = OpenAIPolicy(arg, model=upstream_model or model_dir or "default", temperature=temperature, stop_ids=stop,
                               max_new_tokens=max_new_tokens, retries=0)
         return SamplerBackend(f"openai:{arg}", policy, concurrent=True)
     raise ValueError(f"unknown backend {spec!r}; valid: {SPECS}")

@@ -142,3 +142,23 @@ def test_bench_rollouts_reports_both_side_by_side(kit):
     r = json.loads(res.output[res.output.index("{"):])
     assert r["episodes"] == 2 == r["same_episodes"] and r["max_abs_logprob_diff"] <= 1e-5
     assert r["sequential_s"] > 0 and r["lockstep_s"] > 0 and r["speedup"] == r["sequential_s"] / r["lockstep_s"]
+
+
+def test_bench_rollouts_runs_the_corpus_environment(kit):
+    """``--env corpus`` builds the shipped tiny corpus with ``world_seed`` = ``--seed`` (the seed once
+    landed in the corpus-path argument and every run failed): 1 task x 2 greedy episodes, the same in
+    lockstep and one by one, and the config records the environment."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", "rollouts", "--model", str(kit[1]), "--tokenizer", str(kit[0]), "--env",
+                                   "corpus", "--suite", "all", "--budget", "600", "--tasks", "1", "--group", "2",
+                                   "--temperature", "0", "--max-turns", "2", "--max-new-tokens", "8", "--seed", "3",
+                                   "--json", "-"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output[res.output.index("{"):])
+    assert r["config"]["env"] == "corpus" and r["config"]["seed"] == 3
+    assert r["episodes"] == 2 == r["same_episodes"] and r["max_abs_logprob_diff"] <= 1e-5

@@ -35,7 +35,7 @@ def bench_rollouts(
                                help="HF causal LM dir (default: the tiny random kit model)"),
     tokenizer: Path = typer.Option(None, "--tokenizer", exists=True, file_okay=False,
                                    help="tokenizer dir with a chat template (default: the model's)"),
-    env: str = typer.Option("vault", help="environment: vault | websearch"),
+    env: str = typer.Option("vault", help="environment: vault | websearch | corpus (suite all)"),
     suite: str = typer.Option("recall-2", help="task suite of the environment"),
     harness: str = typer.Option("claude-code", help="compression policy"),
     budget: int = typer.Option(260, help="context budget (prompt tokens)"),
@@ -93,7 +93,7 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
     if env_name not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown environment {env_name!r}; valid: {', '.join(ENVIRONMENTS)}",
                                  param_hint="--env")
-    world = ENVIRONMENTS[env_name](seed)
+    world = ENVIRONMENTS[env_name](world_seed=seed)  # by name: CorpusEnv's first argument is its corpus
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     policy = HFPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok, dtype=dtype)
     cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
@@ -150,7 +150,7 @@ def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness
     if model_dir is None:
         raise typer.BadParameter("--vllm needs --model: a model vLLM serves (the default kit's head_dim 16 is "
                                  "refused by vLLM's CPU attention)", param_hint="--model")
-    world = ENVIRONMENTS[env_name](seed)
+    world = ENVIRONMENTS[env_name](world_seed=seed)  # by name: CorpusEnv's first argument is its corpus
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
     t0 = time.perf_counter()

@@ -108,7 +108,7 @@ def test_cline_deleted_range_and_context_updates(tmp_path, tokenizer):
     assert cut.removed == ["1", "2@2#0", "2@2#1", "3", "4#0", "4#1"] and cut.inserted == ["1@2", "4@2"]
     assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "verified", "unchecked"]
     assert _segments(tokenizer, traj) == 3
-    assert res.read == 10 and res.imported == 8 and res.rejects == []
+    assert res.read == 11 and res.imported == 8 and res.rejects == []  # 8 messages, ui_messages, 2 updates
     _counts_add_up(res)
 
 
@@ -120,6 +120,29 @@ def test_cline_without_ui_messages_marks_ranges_unknown(tmp_path):
     assert traj.calls[-1].context[:2] == ["0", "1@2"] and "3" in traj.calls[-1].context
     assert all(c.meta["deleted_range"] == "unknown" for c in traj.calls)
     assert res.notes["deleted_ranges_unknown"] == 4
+    _counts_add_up(res)
+
+
+def test_cline_malformed_context_history_items_are_rejected_one_by_one(tmp_path):
+    """context_history.json of five items: the two good updates of ``_cline_task`` (applied as before:
+    call-3's context is ``0 1@2 4@2 5 6``), then a bare number, an item whose block list is not a list
+    and one with a good change of message 6's text beside one that is not ``[ts, type, [text], meta]``.
+    Each bad item is one ``bad_format`` reject naming its index, none of its updates applied (message 6
+    is as sent); counts: read = 8 history + 1 ui + 5 items = 14 = imported 8 + skipped 1 ui + 2 items
+    + rejected 3."""
+    task = _cline_task(tmp_path)
+    updates = json.loads((task / "context_history.json").read_text())
+    updates += [7, [3, [0, "not a list"]], [6, [0, [[0, [[50, "text", ["rewritten"], []], "not a change"]]]]]]
+    (task / "context_history.json").write_text(json.dumps(updates))
+    res = run_import("cline", [tmp_path / "tasks"])
+    (traj,) = res.trajectories
+    assert traj.calls[-1].context == ["0", "1@2", "4@2", "5", "6"]
+    assert traj.message_table()["6"].content == "now add a test"
+    assert [(r.line, r.reason, r.kept) for r in res.rejects] == [(2, "bad_format", False), (3, "bad_format", False),
+                                                                (4, "bad_format", False)]
+    assert all(r.source.endswith("context_history.json") and f"#{r.line}" in r.message for r in res.rejects)
+    assert (res.read, res.imported, res.skipped["ui_messages"], res.skipped["context_history"], res.rejected) == \
+        (14, 8, 1, 2, 3)
     _counts_add_up(res)
 
 

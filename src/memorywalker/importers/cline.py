@@ -34,6 +34,7 @@ from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, bloc
 from memorywalker.importers.base import (
     ImportOptions,
     ImportResult,
+    carried,
     loads_deep_limited,
     read_json,
     role_message,
@@ -71,16 +72,35 @@ def _ui_requests(ui: list) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _updates(raw: Any) -> dict[int, dict[int, list]]:
-    """context_history.json: [[messageIndex, [editType, [[blockIndex, [[ts, type, [text], meta], ...]], ...]]], ...]."""
+def _updates(raw: Any, path: Path, result: ImportResult) -> dict[int, dict[int, list]]:
+    """context_history.json: [[messageIndex, [editType, [[blockIndex, [[ts, type, [text], meta], ...]], ...]]], ...].
+
+    Each item is a record: read, then skipped (used for updates, not as a message) or rejected whole as
+    ``bad_format`` when any part of it is not that shape (none of its updates applied).
+    """
     out: dict[int, dict[int, list]] = {}
-    for item in raw if isinstance(raw, list) else []:
+    if raw is None:  # unreadable: read_json rejected the file
+        return out
+    if not isinstance(raw, list):
+        result.reject(path, None, "bad_format", f"{path.name}: got a JSON {type(raw).__name__}, not a list of updates")
+        return out
+    for k, item in enumerate(raw):
+        result.read += 1
         try:
             index, (_, inner) = item
-            for block, changes in inner:
-                out.setdefault(int(index), {})[int(block)] = [c for c in changes if isinstance(c, list) and len(c) >= 3]
-        except (TypeError, ValueError):
+            # parsed whole before any of it is applied: a bad block or change rejects the item
+            parsed = {int(block): list(changes) for block, changes in inner}
+            if not all(isinstance(c, list) and len(c) >= 3 for v in parsed.values() for c in v):
+                raise ValueError("a change is not [ts, type, [text], meta]")
+            index = int(index)
+        except (TypeError, ValueError) as e:
+            result.reject(path, k, "bad_format", f"context_history item #{k} is not [messageIndex, [editType, "
+                          f"[[blockIndex, [[ts, type, [text], meta], ...]], ...]]] ({e}); its updates are not applied",
+                          detail=carried(item))
             continue
+        result.skipped["context_history"] += 1
+        for block, changes in parsed.items():
+            out.setdefault(index, {})[block] = changes
     return out
 
 
@@ -109,13 +129,12 @@ def import_task(folder: Path, result: ImportResult, history_file: Path | None = 
     if history is None:
         return
     ui = read_json(folder / "ui_messages.json", result) if (folder / "ui_messages.json").exists() else None
-    updates = _updates(read_json(folder / "context_history.json", result)) \
-        if (folder / "context_history.json").exists() else {}
+    ctx_file = folder / "context_history.json"
+    updates = _updates(read_json(ctx_file, result), ctx_file, result) if ctx_file.exists() else {}
     requests = _ui_requests(ui) if isinstance(ui, list) else None
-    for name, present in (("ui_messages", ui is not None), ("context_history", bool(updates))):
-        if present:
-            result.read += 1
-            result.skipped[name] += 1  # read for ranges, times and updates, not as messages
+    if ui is not None:
+        result.read += 1
+        result.skipped["ui_messages"] += 1  # read for ranges and times, not as messages
     b = TrajectoryBuilder(folder.name, task=Task(id=folder.name), lineage=Lineage(source=FORMAT, source_path=str(folder)))
     table = HistoryTable(b)
     good: list[tuple[int, dict]] = []

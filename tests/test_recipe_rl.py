@@ -88,3 +88,32 @@ def test_rl_at_a_temperature_starts_at_ratio_one(kit, tmp_path):
     assert m["logprob_abs_diff"] < 1e-4 and abs(m["mean_ratio"] - 1.0) < 1e-4 and m["mean_clipped"] == 0.0
     with pytest.raises(ValidationError, match="must be > 0"):
         RLConfig(temperature=0.0)
+
+
+def test_a_split_with_no_tasks_fails_in_one_line_instead_of_looping(kit, tmp_path):
+    """An environment whose every task is in ``train``, asked for ``split=test``: collection gives up
+    past 1000 x (prompts_per_step + 1) = 2000 suite indices (the runner's guard, shared: 2001 looked at)
+    and stops with one line naming the split and suite. Before, rl's own task loop searched forever; an alarm
+    after 30 s turns such a hang into a failure."""
+    import signal
+
+    from memorywalker.rollout import WebSearchEnv
+
+    class AllTrain(WebSearchEnv):
+        def task(self, suite, index):
+            return super().task(suite, index).model_copy(update={"split": "train"})
+
+    def hung(signum, frame):
+        raise TimeoutError("collection still looking for a task after 30 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        with pytest.raises(ValueError) as err:
+            train(config(kit, tmp_path, split="test"), env=AllTrain(), progress=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    message = str(err.value)
+    assert "\n" not in message and "split 'test'" in message and "suite 'lookup'" in message, message
+    assert "looked at 2001 tasks" in message, message

@@ -54,9 +54,9 @@ from pydantic import field_validator, model_validator
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, get_method, run, step_denominators
-from memorywalker.records.schema import Task, Trajectory
+from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
-from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, run_episodes
+from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
 from memorywalker.rollout.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.train.adapter import (
@@ -194,17 +194,6 @@ class RLConfig(TrainConfig):
         return v
 
 
-def next_tasks(env, suite: str, split: str, cursor: int, n: int) -> tuple[list[Task], int]:
-    """The next ``n`` tasks of ``suite`` in ``split`` from suite index ``cursor``; and the new cursor."""
-    tasks: list[Task] = []
-    while len(tasks) < n:
-        task = env.task(suite, cursor)
-        cursor += 1
-        if task.split == split:
-            tasks.append(task)
-    return tasks, cursor
-
-
 def train(cfg: RLConfig, *, progress: bool = True, env=None,
           reward_fn: Callable[[Trajectory], float] | None = None) -> TrainResult:
     """Run the recipe. ``env`` replaces the configured environment (any
@@ -280,7 +269,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         t0 = time.perf_counter()
 
         # 1. collect: this rank's tasks, group_size episodes each, with the current weights
-        tasks, cursor = next_tasks(env, cfg.suite, cfg.split, cursor, cfg.prompts_per_step)
+        tasks, cursor = next_tasks(env, cfg.suite, cfg.prompts_per_step, split=cfg.split, start=cursor)
         micro_groups: list[list[list[Trajectory]]] = []
         with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
             for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):

@@ -16,7 +16,7 @@ from memorywalker.rollout.expert import ExpertPolicy
 from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
 from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
 from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
-from memorywalker.rollout.runner import RolloutSummary, plan, rollout, scan_existing
+from memorywalker.rollout.runner import RolloutSummary, next_tasks, plan, rollout, scan_existing
 from memorywalker.rollout.suites import SUITES, make_task
 from memorywalker.rollout.vault import VaultEnv, VaultExpert
 from memorywalker.rollout.websearch import WebSearchEnv
@@ -51,6 +51,7 @@ __all__ = [
     "make_compressor",
     "make_policy",
     "make_task",
+    "next_tasks",
     "normalize_answer",
     "plan",
     "replay_contexts",

@@ -31,22 +31,31 @@ class PlannedEpisode:
     sample: int
 
 
-def plan(env: Environment, suite: str, n: int, *, seed: int, harness: str, split: str | None = None,
-         samples: int = 1, start: int = 0) -> list[PlannedEpisode]:
-    """The first ``n`` tasks of ``suite`` (in ``split`` if given) x ``samples`` rollouts each."""
-    out: list[PlannedEpisode] = []
-    index, tasks = start, 0
-    while tasks < n:
+def next_tasks(env: Environment, suite: str, n: int, *, split: str | None = None,
+               start: int = 0) -> tuple[list[Task], int]:
+    """The next ``n`` tasks of ``suite`` (in ``split`` if given) from suite index ``start``, and the index
+    after the last one taken (where the next call starts)."""
+    tasks: list[Task] = []
+    index = start
+    while len(tasks) < n:
         task = env.task(suite, index)
         index += 1
         if split is not None and task.split != split:
+            # give up: a split a third of the tasks hold is met every few indices, one none holds never
             if index - start > 1000 * (n + 1):
-                raise ValueError(f"no tasks of split {split!r} in suite {suite!r}")
+                raise ValueError(f"no tasks of split {split!r} in suite {suite!r} (looked at {index - start} "
+                                 f"tasks from index {start})")
             continue
-        tasks += 1
-        for j in range(samples):
-            out.append(PlannedEpisode(f"{task.id}-{harness}-s{seed}-r{j}", task, call_seed(seed, task.id, j), j))
-    return out
+        tasks.append(task)
+    return tasks, index
+
+
+def plan(env: Environment, suite: str, n: int, *, seed: int, harness: str, split: str | None = None,
+         samples: int = 1, start: int = 0) -> list[PlannedEpisode]:
+    """The first ``n`` tasks of ``suite`` (in ``split`` if given) x ``samples`` rollouts each."""
+    tasks, _ = next_tasks(env, suite, n, split=split, start=start)
+    return [PlannedEpisode(f"{task.id}-{harness}-s{seed}-r{j}", task, call_seed(seed, task.id, j), j)
+            for task in tasks for j in range(samples)]
 
 
 def scan_existing(path: str | os.PathLike) -> tuple[list[str], int]:

@@ -35,4 +35,6 @@ def test_unknown_keys_and_bad_values_fail_with_the_valid_ones():
         load_config(RLConfig, None, ["method=tree"])
     with pytest.raises(ConfigError, match="unknown harness"):
         load_config(RLConfig, None, ["harness=zip"])
+    with pytest.raises(ConfigError, match="unknown parallel 'tp'; valid: ddp, fsdp"):  # train.config.PARALLEL
+        load_config(SFTConfig, None, ["parallel=tp"])
     assert load_config(RLConfig, None, ["method=sdcc", "budget=900"]).budget == 900

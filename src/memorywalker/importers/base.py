@@ -402,7 +402,3 @@ def infer_evictions(builder: TrajectoryBuilder, kind: str, artifact_ids: set[str
         last_kept = max((i for i, m in enumerate(call.context) if m in old), default=-1)
         inserted = [m for i, m in enumerate(call.context) if m not in old and (i < last_kept or m in artifact_ids)]
         builder.eviction(call.id, kind, removed, inserted, meta={"inferred": True})
-
-
-def stable_id(*parts: Any) -> str:
-    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]

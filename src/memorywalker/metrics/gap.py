@@ -65,10 +65,6 @@ def fmt_metric(x: float | None) -> str:
     return f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}"
 
 
-def bucket_of(k: int) -> str:
-    return BUCKETS[min(k, 3)]
-
-
 def in_bucket(count: torch.Tensor, bucket: str) -> torch.Tensor:
     """Mask of the ``count`` values that fall in ``bucket`` (one of :data:`BUCKETS`).
 

@@ -29,7 +29,6 @@ from functools import cached_property
 
 CITY, COMPANY, PERSON = "city", "company", "person"
 LINK_ATTRS = {"city": CITY, "founder": PERSON, "partner": COMPANY, "hometown": CITY, "mentor": PERSON}
-NUMERIC_ATTRS = ("founded", "population", "employees", "born")
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]

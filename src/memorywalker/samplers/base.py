@@ -13,8 +13,6 @@ from typing import Any, Protocol
 
 from memorywalker.records.schema import Message, Task
 
-PURPOSES = ("act", "summarize", "fold")
-
 
 @dataclass
 class PolicyRequest:

@@ -32,6 +32,7 @@ class ConfigError(ValueError):
     pass
 
 
+PARALLEL = ("ddp", "fsdp")  # TrainConfig.parallel: how the ranks split the model (train/fsdp.py)
 _ENGINE = EngineConfig()  # the engine's defaults, which the recipe configs take over
 
 
@@ -172,8 +173,8 @@ class TrainConfig(RecipeConfig):
     @field_validator("parallel")
     @classmethod
     def _parallel(cls, v: str) -> str:
-        if v not in ("ddp", "fsdp"):
-            raise ValueError(f"unknown parallel {v!r}; valid: ddp, fsdp")
+        if v not in PARALLEL:
+            raise ValueError(f"unknown parallel {v!r}; valid: {', '.join(PARALLEL)}")
         return v
 
     @field_validator("mixed_precision")

@@ -14,15 +14,12 @@ per-rank gradients is the gradient of the whole step's batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,11 +67,6 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def shard(items: Sequence[T], info: DistInfo) -> list[T]:
-    """This rank's share of a global batch: items rank, rank + world, rank + 2·world, …"""
-    return list(items[info.rank :: info.world_size])
 
 
 @torch.no_grad()

@@ -51,8 +51,6 @@ import torch.distributed as dist
 
 from memorywalker.attention.masks import attention_implementation
 
-PARALLEL = ("ddp", "fsdp")
-
 
 class CollectiveError(RuntimeError):
     """A collective failed or timed out: another rank died or issued a different collective."""

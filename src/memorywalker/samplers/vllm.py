@@ -42,7 +42,8 @@ EXTENSION = "memorywalker.samplers.vllm_worker.WeightSyncExtension"
 
 class EngineError(ConnectionError):
     """The vLLM engine cannot serve the model, refused a request or died; the message is one line (an
-    OSError like the openai backend's ``EndpointError``: the CLI reports it as bad input, exit 2)."""
+    OSError like the openai backend's ``EndpointError``: the CLI reports it as bad input, exit 2). A
+    ``TypeError`` / ``AttributeError`` (a bad argument: a bug) is never turned into one."""
 
 
 def import_vllm():
@@ -71,6 +72,11 @@ def check_servable(model_dir: str | os.PathLike) -> None:
         if not CPUAttentionBackend.supports_head_size(head_dim):
             raise EngineError(f"{model_dir}: vLLM's CPU attention cannot serve head_dim {head_dim} "
                               f"(supported: {CPUAttentionBackend.get_supported_head_sizes()})")
+
+
+# A bad argument or attribute is a bug in the caller (ours or the user's engine_kwargs), not an engine that
+# cannot serve: raised as itself, never an EngineError (which the CLI reports as bad input, exit 2).
+PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError)
 
 
 def _one_line(e: BaseException) -> str:
@@ -127,6 +133,8 @@ class VLLMPolicy:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         try:
             self.llm = vllm.LLM(**kwargs)
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:  # noqa: BLE001 — vLLM raises many types; the cause is reported in one line
             raise EngineError(f"vllm could not start an engine for {self.model_dir}: {_one_line(e)}") from None
         self.stats = {"requests": 0, "batches": 0, "syncs": 0, "sync_seconds": 0.0}
@@ -196,6 +204,8 @@ class VLLMPolicy:
         self._alive()
         try:
             return self.llm.generate(prompts, params, use_tqdm=False)
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:  # noqa: BLE001 — a dead engine raises EngineDeadError, a bad request ValueError
             cause = f"its engine process exited ({_one_line(e)})" if self.dead else _one_line(e)
             raise EngineError(f"vllm engine ({self.model_dir}) failed: {cause}") from None
@@ -259,6 +269,8 @@ class VLLMPolicy:
             save_file({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}, path)
             try:
                 loaded = self.llm.collective_rpc("memorywalker_load_weights", args=(path,))
+            except PROGRAMMING_ERRORS:
+                raise
             except Exception as e:  # noqa: BLE001
                 raise EngineError(f"vllm weight sync ({self.model_dir}) failed: {_one_line(e)}") from None
         finally:

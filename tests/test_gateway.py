@@ -594,3 +594,36 @@ def test_a_bad_script_is_refused_naming_the_file_and_the_entry(tmp_path, text, c
     with pytest.raises(ValueError, match=re.escape(cause)) as e:
         Scripted.load(path)
     assert str(path) in str(e.value)
+
+
+def test_hf_backend_samples_and_radix_reproduces_its_logprobs(kit, tmp_path):
+    """``--backend hf``: the kit model samples (temperature 1, seeded); two calls of one session, the
+    second extending the first; what the client got is the decoded sample, and ``radix`` reproduces the
+    recorded logprobs within 1e-5 (responses cut at the limit compared as prefixes)."""
+    import torch
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.metrics.gap import gap_report
+    from memorywalker.render import Renderer
+    from memorywalker.render.render import RenderOptions
+    from memorywalker.train.model import load_model
+
+    gw = build_gateway(str(kit[1]), "hf", tmp_path / "out", tokenizer=str(kit[0]), max_new_tokens=40)
+    messages = [{"role": "user", "content": "Say something."}]
+    with BackgroundServer(gw) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        for _ in range(2):
+            r = client.chat.completions.create(model="kit", messages=messages, extra_headers={"x-session-id": "hf"})
+            messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                         {"role": "user", "content": "Go on."}]
+    (traj,) = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert len(traj.calls) == 2
+    first = traj.calls[0]
+    body = first.response_tokens[:-1] if first.finish_reason == "stop" else first.response_tokens
+    assert gw.renderer.tok.decode(body) == messages[1]["content"]
+    lm, tok = load_model(str(kit[1]), str(kit[0]), dtype="float32", device=torch.device("cpu"))
+    tokens: dict = {}
+    gap_report(lm, Renderer(tok, RenderOptions(truncated="prefix")), [traj], ["radix"], drift=False, tokens=tokens)
+    diffs = [abs(a - b) for c in tokens[traj.id].values() for a, b in zip(c["logprob"]["radix"], c["rollout"], strict=True)
+             if a is not None and b is not None]
+    assert len(diffs) >= 40 and max(diffs) <= 1e-5

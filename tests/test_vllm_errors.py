@@ -76,3 +76,37 @@ def test_generate_reports_engine_failures_and_raises_programming_errors(fake_vll
     fake_vllm["generate"] = AttributeError("'list' object has no attribute 'prompt_token_ids'")
     with pytest.raises(AttributeError, match="prompt_token_ids"):
         policy.generate_batch([[1, 2, 3]], seeds=[0])
+
+
+def _rollout(*args: str):
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    return CliRunner().invoke(app, ["rollout", "--env", "vault", "--suite", "recall-2", "--n", "1", "--no-progress",
+                                    *args])
+
+
+def test_rollout_default_window_fits_the_models_positions(fake_vllm, kit, tmp_path):
+    """The kit model has 8192 positions. By default ``--max-context`` is 8192 − ``--max-new-tokens`` 256 =
+    7936, so the engine's window is 7936 + 256 = 8192 (before: 8192 + 256 = 8448, which vLLM refuses:
+    "max_model_len (8448) is greater than the derived max_model_len"). The stand-in engine then fails to
+    start, which is one line, exit 2."""
+    fake_vllm["start"] = RuntimeError("stand-in engine: not started")
+    res = _rollout("--policy", f"vllm:{kit[1]}", "-o", str(tmp_path / "x.jsonl"))
+    assert fake_vllm["kwargs"]["max_model_len"] == 8192
+    assert res.exit_code == 2 and "not started" in res.output
+
+
+def test_rollout_window_past_the_models_positions_names_the_flag(fake_vllm, kit, tmp_path):
+    """``--max-context 8192`` given on the 8192-position kit model: refused before any engine starts, in
+    one line naming the flag and the largest value that fits (8192 − 256 = 7936); likewise a
+    ``--max-model-len`` past the positions."""
+    res = _rollout("--policy", f"vllm:{kit[1]}", "--max-context", "8192", "-o", str(tmp_path / "x.jsonl"))
+    assert res.exit_code == 2 and "kwargs" not in fake_vllm, res.output
+    line = " ".join(res.output.split())
+    assert "--max-context 8192 + --max-new-tokens 256 = 8448 exceeds the 8192 positions of" in line, line
+    assert "lower --max-context to 7936 or less" in line, line
+    res = _rollout("--policy", f"vllm:{kit[1]}", "--max-model-len", "9000", "-o", str(tmp_path / "x.jsonl"))
+    line = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--max-model-len 9000 exceeds the 8192 positions of" in line, line

@@ -41,7 +41,9 @@ def rollout_cmd(
     watermark: float = typer.Option(0.8, "--watermark", help="compress above watermark * budget"),
     keep_recent: int = typer.Option(1, "--keep-recent", help="recent steps protected from pruning/folding"),
     max_steps: int = typer.Option(32, "--max-steps", help="act calls per episode"),
-    max_context: int = typer.Option(8192, "--max-context", help="hard context window in tokens"),
+    max_context: int = typer.Option(None, "--max-context", min=1,
+                                    help="hard context window in tokens (default: HarnessConfig's 8192; vllm: at most "
+                                         "the model's positions − --max-new-tokens)"),
     world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="HF tokenizer dir (default: the model's, or the kit's for expert)"),
     temperature: float = typer.Option(1.0, "--temperature", help="hf/openai sampling temperature"),
@@ -100,6 +102,7 @@ def rollout_cmd(
         if kind == "openai":
             kwargs.update(model=model, timeout=request_timeout, retries=retries)
         if kind == "vllm":
+            max_context = _fit_vllm(arg, max_context, max_new_tokens, max_model_len)
             window = max_model_len or max_context + max_new_tokens
             if max_context + max_new_tokens > window:  # the harness would send prompts the engine refuses
                 raise typer.BadParameter(f"--max-context {max_context} + --max-new-tokens {max_new_tokens} exceeds "
@@ -122,7 +125,7 @@ def rollout_cmd(
             tokenizer = default_kit()[0]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     config = HarnessConfig(harness, budget=budget, watermark=watermark, keep_recent=keep_recent,
-                           max_steps=max_steps, max_context=max_context)
+                           max_steps=max_steps, max_context=max_context or HarnessConfig.max_context)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
         from memorywalker.rollout.faults import FaultConfig, FaultInjector
 
@@ -154,3 +157,28 @@ def rollout_cmd(
         table.add_row(f"evictions: {kind_}", str(cnt))
     Console().print(table)
     typer.echo(f"{output}: {summary.skipped + summary.written} episodes")
+
+
+def _fit_vllm(model_dir: str, max_context: int | None, max_new_tokens: int, max_model_len: int | None) -> int:
+    """``--max-context`` for a vLLM engine on ``model_dir``: by default HarnessConfig's, lowered so that
+    context + response fit the model's positions (vLLM refuses a window past them: 8192 + 256 on an
+    8192-position model); a window given past them is refused here, naming the flag to change."""
+    from memorywalker.rollout import HarnessConfig
+    from memorywalker.train.inputs import model_positions
+
+    positions = model_positions(model_dir)  # None: unreadable config, vLLM decides
+    if max_model_len and positions and max_model_len > positions:
+        raise typer.BadParameter(f"--max-model-len {max_model_len} exceeds the {positions} positions of {model_dir}",
+                                 param_hint="--max-model-len")
+    if positions and max_new_tokens >= positions:
+        raise typer.BadParameter(f"--max-new-tokens {max_new_tokens} leaves no context in the {positions} positions "
+                                 f"of {model_dir}", param_hint="--max-new-tokens")
+    if max_context is None:
+        default = HarnessConfig.max_context
+        return default if positions is None or max_model_len else min(default, positions - max_new_tokens)
+    if positions and not max_model_len and max_context + max_new_tokens > positions:
+        raise typer.BadParameter(f"--max-context {max_context} + --max-new-tokens {max_new_tokens} = "
+                                 f"{max_context + max_new_tokens} exceeds the {positions} positions of {model_dir}: "
+                                 f"lower --max-context to {positions - max_new_tokens} or less",
+                                 param_hint="--max-context")
+    return max_context

@@ -627,3 +627,37 @@ def test_hf_backend_samples_and_radix_reproduces_its_logprobs(kit, tmp_path):
     diffs = [abs(a - b) for c in tokens[traj.id].values() for a, b in zip(c["logprob"]["radix"], c["rollout"], strict=True)
              if a is not None and b is not None]
     assert len(diffs) >= 40 and max(diffs) <= 1e-5
+
+
+def test_a_call_racing_the_idle_finalizer_is_recorded(kit, tmp_path):
+    """A call that took its session just before the idle reaper finalized it: whichever gets the session
+    lock first, the call is recorded (in the session, or in a new part) and nothing is written to a
+    closed journal."""
+    import time
+
+    from memorywalker.gateway import anthropic as dialect
+
+    gw = make_gateway(kit, tmp_path / "out", tmp_path)
+    body = {"model": "kit", "max_tokens": 50, "tools": TOOLS, "messages": [{"role": "user", "content": "go"}]}
+    gw.serve(dialect.parse(body), ("x-claude-code-session-id", "race"), body)
+    session = gw.sessions["race"]
+    errors = []
+
+    def call():
+        try:
+            gw.serve(dialect.parse(body), ("x-claude-code-session-id", "race"), body)
+        except Exception as e:  # noqa: BLE001 — asserted below
+            errors.append(e)
+
+    session.lock.acquire()
+    threads = [threading.Thread(target=call), threading.Thread(target=gw.finalize, args=("race",))]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    session.lock.release()
+    for t in threads:
+        t.join()
+    gw.close()
+    assert errors == []
+    trajs = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert sum(len(t.calls) for t in trajs) == 2 and {t.id for t in trajs} <= {"race", "race#part2"}

@@ -64,6 +64,7 @@ class Session:
     tokens: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False  # finalized: a call that waited for its lock starts a new part instead
 
     def restore(self, messages: list[Message]) -> None:
         """Tool calls the harness echoes back with the same JSON get the argument text that was sampled."""
@@ -166,53 +167,64 @@ class Gateway:
     def serve(self, request: Request, header: tuple[str, str] | None, raw: dict | None = None) -> tuple[Reply, dict]:
         """Sample a reply to ``request`` and journal the call; returns the reply and the journal record."""
         started = time.monotonic()
-        session = self.session_for(header) if header else self.session_for(None, self.render(request, None)[1])
-        with session.lock:  # one call of a session at a time: its sequence order is the journal's
-            text, ids = self.render(request, session)
-            if len(ids) >= self.max_positions:
-                # 400, as Anthropic's and OpenAI's APIs answer it (413 is a body over the size limit): a
-                # harness that compacts and retries on 413 (OpenCode) would loop.
-                raise BadRequest(f"prompt is too long: {len(ids)} tokens > {self.max_positions - 1} maximum "
-                                 f"(the served model has {self.max_positions} positions)", status=400)
-            limit = min(request.max_tokens or self.max_new_tokens, self.max_new_tokens, self.max_positions - len(ids))
-            purpose = purpose_of(request.messages)
-            with self._lock:
-                self._counter += 1
-                seed = self.seed * 1_000_003 + self._counter
-            sampling = time.monotonic()
-            out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
-                                              purpose))
-            sampling = time.monotonic() - sampling
-            reply, response = self._reply(request, out, len(ids))
-            response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == message_id(response)))
-            record = {
-                "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
-                "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
-                "harness": self.harness, "purpose": purpose, "backend": self.backend.name,
-                "temperature": self.temperature,
-                "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
-                "tools": [t.model_dump(mode="json") for t in request.tools],
-                "response": response.model_dump(mode="json", exclude_none=True),
-                "context_tokens": ids, "response_tokens": out.token_ids,
-                "rollout_logprobs": out.logprobs, "finish_reason": reply.finish,
-                "parse_error": reply.parse_error, "ignored": request.ignored,
-                "latency_s": round(time.monotonic() - started, 4),  # in the gateway, sampling included
-                "sample_s": round(sampling, 4),  # the backend's share (a serial backend's queue included)
-            }
-            if self.keep_requests and raw is not None:
-                record["request"] = raw
-            if self.redactor is not None:
-                record = self._redacted(record)
-            session.journal.append(record)
-            for tc in response.tool_calls:
-                session.sampled_args[tc.id] = tc.arguments
-            self.renderer.remember(session.cache, text, ids, out.token_ids)
-            session.last_sequence = ids + out.token_ids
-            session.calls += 1
-            session.compactions += purpose == "summarize"
-            session.tokens += len(ids) + len(out.token_ids)
-            session.last_seen = time.monotonic()
-            self.stats["calls"] += 1
+        while True:
+            session = self.session_for(header) if header else self.session_for(None, self.render(request, None)[1])
+            session.lock.acquire()  # one call of a session at a time: its sequence order is the journal's
+            if not session.closed:
+                break
+            session.lock.release()  # finalized while this call waited (idle reaper): a new part
+        try:
+            return self._serve_locked(request, session, raw, started)
+        finally:
+            session.lock.release()
+
+    def _serve_locked(self, request: Request, session: Session, raw: dict | None, started: float) -> tuple[Reply, dict]:
+        """The call, with ``session.lock`` held (see :meth:`serve`)."""
+        text, ids = self.render(request, session)
+        if len(ids) >= self.max_positions:
+            # 400, as Anthropic's and OpenAI's APIs answer it (413 is a body over the size limit): a
+            # harness that compacts and retries on 413 (OpenCode) would loop.
+            raise BadRequest(f"prompt is too long: {len(ids)} tokens > {self.max_positions - 1} maximum "
+                             f"(the served model has {self.max_positions} positions)", status=400)
+        limit = min(request.max_tokens or self.max_new_tokens, self.max_new_tokens, self.max_positions - len(ids))
+        purpose = purpose_of(request.messages)
+        with self._lock:
+            self._counter += 1
+            seed = self.seed * 1_000_003 + self._counter
+        sampling = time.monotonic()
+        out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
+                                          purpose))
+        sampling = time.monotonic() - sampling
+        reply, response = self._reply(request, out, len(ids))
+        response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == message_id(response)))
+        record = {
+            "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
+            "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
+            "harness": self.harness, "purpose": purpose, "backend": self.backend.name,
+            "temperature": self.temperature,
+            "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
+            "tools": [t.model_dump(mode="json") for t in request.tools],
+            "response": response.model_dump(mode="json", exclude_none=True),
+            "context_tokens": ids, "response_tokens": out.token_ids,
+            "rollout_logprobs": out.logprobs, "finish_reason": reply.finish,
+            "parse_error": reply.parse_error, "ignored": request.ignored,
+            "latency_s": round(time.monotonic() - started, 4),  # in the gateway, sampling included
+            "sample_s": round(sampling, 4),  # the backend's share (a serial backend's queue included)
+        }
+        if self.keep_requests and raw is not None:
+            record["request"] = raw
+        if self.redactor is not None:
+            record = self._redacted(record)
+        session.journal.append(record)
+        for tc in response.tool_calls:
+            session.sampled_args[tc.id] = tc.arguments
+        self.renderer.remember(session.cache, text, ids, out.token_ids)
+        session.last_sequence = ids + out.token_ids
+        session.calls += 1
+        session.compactions += purpose == "summarize"
+        session.tokens += len(ids) + len(out.token_ids)
+        session.last_seen = time.monotonic()
+        self.stats["calls"] += 1
         return reply, record
 
     def _redacted(self, record: dict) -> dict:
@@ -270,7 +282,9 @@ class Gateway:
             session = self.sessions.pop(key, None)
         if session is None:
             return 0
-        session.journal.close()
+        with session.lock:  # after a call in flight, before any that waited for it
+            session.closed = True
+            session.journal.close()
         return finalize_journal(session.journal.path, self.out)
 
     def finalize_idle(self, idle_s: float) -> int:

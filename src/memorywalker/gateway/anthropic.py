@@ -185,7 +185,3 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
 
 def error_json(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPE.get(status, "api_error"), "message": message}}
-
-
-def error_event(status: int, message: str) -> str:
-    return _event("error", {"error": error_json(status, message)["error"]})

@@ -67,8 +67,6 @@ class SamplerBackend:
 
     def sample(self, call: Pending) -> PolicyOutput:
         with self._lock if not self.concurrent else contextlib.nullcontext():
-            if hasattr(self.policy, "generate"):  # hf: the KV cache is kept across calls while the prompt grows
-                return self.policy.generate(call.prompt_ids, seed=call.seed, max_new_tokens=call.max_new_tokens)
             return self.policy(PolicyRequest(prompt_ids=call.prompt_ids, messages=call.messages,
                                              tools=[t.name for t in call.tools], purpose=call.purpose,
                                              call_index=0, seed=call.seed, max_new_tokens=call.max_new_tokens))
@@ -205,7 +203,7 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
 
         policy = VLLMPolicy(model_dir, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype, stop_ids=stop,
                             tokenizer=renderer.tok, max_model_len=max_positions)
-        return SamplerBackend("vllm", _VLLMOne(policy), concurrent=False)
+        return SamplerBackend("vllm", policy, concurrent=False)
     if kind == "openai" and arg:
         from memorywalker.samplers.openai import OpenAIPolicy
 
@@ -213,14 +211,3 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
                               max_new_tokens=max_new_tokens, retries=0)
         return SamplerBackend(f"openai:{arg}", policy, concurrent=True)
     raise ValueError(f"unknown backend {spec!r}; valid: {SPECS}")
-
-
-class _VLLMOne:
-    """vLLM's batch call for one prompt with this call's limit."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        return self.policy.generate_batch([request.prompt_ids], seeds=[request.seed],
-                                          max_new_tokens=request.max_new_tokens)[0]

@@ -21,16 +21,13 @@ from memorywalker.gateway.dialect import (
     arguments_of,
     arguments_text,
     need,
+    openai_error_json,
     optional,
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 
 NAME = "chat"
-ERROR_TYPE = {400: "invalid_request_error", 413: "invalid_request_error", 404: "not_found_error",
-              500: "server_error", 502: "server_error", 504: "timeout"}
-
-
 def parse(body: Any) -> Request:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -124,10 +121,4 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
     yield "data: [DONE]\n\n"
 
 
-def error_json(status: int, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPE.get(status, "server_error"), "param": None,
-                      "code": "context_length_exceeded" if message.startswith("prompt is too long") else None}}
-
-
-def error_event(status: int, message: str) -> str:
-    return f"data: {json.dumps(error_json(status, message))}\n\n"
+error_json = openai_error_json

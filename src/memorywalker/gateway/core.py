@@ -11,6 +11,7 @@ leaves. ``usage`` reports the exact prompt length, so a harness compacts as it w
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -76,8 +77,6 @@ class Session:
 
 
 def _same_json(a: Any, b: Any) -> bool:
-    import json
-
     def load(x):
         if isinstance(x, str):
             try:
@@ -98,7 +97,7 @@ class Gateway:
                  keep_requests: bool = True, redact: bool = False):
         self.renderer, self.backend, self.out = renderer, backend, Path(out)
         self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
-        self.seed, self.harness, self.keep_requests, self.redact = seed, harness, keep_requests, redact
+        self.seed, self.harness, self.keep_requests = seed, harness, keep_requests
         self.temperature = temperature  # of the distribution the recorded logprobs are of (1 when greedy)
         if redact:
             from memorywalker.importers.redact import Redactor
@@ -196,7 +195,8 @@ class Gateway:
                                           purpose))
         sampling = time.monotonic() - sampling
         reply, response = self._reply(request, out, len(ids))
-        response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == message_id(response)))
+        base = message_id(response)  # numbered past its repeats in the context, as assign_ids numbers them
+        response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == base))
         record = {
             "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
             "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,

@@ -5,7 +5,8 @@ A dialect module (:mod:`.anthropic`, :mod:`.responses`, :mod:`.chat`) has four f
 * ``parse(body) -> Request`` — the request as schema-v1 messages and tool schemas, or :class:`BadRequest`;
 * ``reply_json(reply, request) -> dict`` — the non-streaming answer;
 * ``reply_events(reply, request) -> Iterator[str]`` — the SSE stream the dialect's official SDK accepts;
-* ``error_json(status, message) -> dict`` — the dialect's error shape.
+* ``error_json(status, message) -> dict`` — the dialect's error shape (both OpenAI dialects share
+  :func:`openai_error_json`).
 
 Message ids are content addresses (:func:`message_id`): the same message sent in two calls of a
 session gets the same id, so the calls' contexts share their prefix by id as well as by tokens.
@@ -135,6 +136,17 @@ def assign_ids(messages: list[Message]) -> list[Message]:
         m.id = message_id(m, seen[base])
         seen[base] += 1
     return messages
+
+
+# OpenAI's error types by status (Chat Completions and Responses answer errors alike).
+OPENAI_ERROR_TYPE = {400: "invalid_request_error", 413: "invalid_request_error", 404: "not_found_error",
+                     500: "server_error", 502: "server_error", 504: "timeout"}
+
+
+def openai_error_json(status: int, message: str) -> dict[str, Any]:
+    """``{"error": {message, type, param, code}}``; a prompt over the model's positions is ``context_length_exceeded``."""
+    return {"error": {"message": message, "type": OPENAI_ERROR_TYPE.get(status, "server_error"), "param": None,
+                      "code": "context_length_exceeded" if message.startswith("prompt is too long") else None}}
 
 
 def new_id(prefix: str) -> str:

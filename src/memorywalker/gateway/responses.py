@@ -28,6 +28,7 @@ from memorywalker.gateway.dialect import (
     arguments_of,
     arguments_text,
     need,
+    openai_error_json,
     optional,
     text_of,
 )
@@ -35,10 +36,6 @@ from memorywalker.records.schema import Message, ToolCall, ToolSchema
 
 NAME = "responses"
 TEXT_PARTS = ("input_text", "output_text", "text")
-ERROR_TYPE = {400: "invalid_request_error", 413: "invalid_request_error", 404: "not_found_error",
-              500: "server_error", 502: "server_error", 504: "timeout"}
-
-
 def parse(body: Any) -> Request:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -169,10 +166,4 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
     yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
 
-def error_json(status: int, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPE.get(status, "server_error"), "param": None,
-                      "code": "context_length_exceeded" if message.startswith("prompt is too long") else None}}
-
-
-def error_event(status: int, message: str) -> str:
-    return f"event: error\ndata: {json.dumps({'type': 'error', 'sequence_number': 0, **error_json(status, message)['error']})}\n\n"
+error_json = openai_error_json

@@ -190,16 +190,21 @@ class Renderer:
         return self._encode_prompt(text, cache)[0]
 
     def remember(self, cache: _TrajectoryCache, prompt_text: str, prompt_ids: list[int], response_ids: list[int]) -> None:
-        """Remember ``S_t`` (a prompt and its sampled response) for :meth:`encode_continuing`."""
-        starts, pos = [], len(prompt_text)
-        for i in range(len(response_ids)):
-            starts.append(pos)
-            pos = len(prompt_text) + len(self.tok.decode(response_ids[: i + 1], skip_special_tokens=False))
+        """Remember ``S_t`` (a prompt and its sampled response) for :meth:`encode_continuing`.
+
+        Only the start characters of special added tokens are read (:meth:`_last_split_point`), so only
+        theirs are computed, from the decoded prefix before each; other response tokens get the
+        response's start (never a split point).
+        """
+        start = len(prompt_text)
+        starts = np.full(len(response_ids), start, dtype=np.int64)
+        for j, t in enumerate(response_ids):
+            if t in self.split_tokens:
+                starts[j] = start + len(self.tok.decode(response_ids[:j], skip_special_tokens=False))
         text = prompt_text + self.tok.decode(response_ids, skip_special_tokens=False)
-        _, prompt_starts = self._encode(prompt_text) if not cache.prompts or cache.prompts[-1][0] != prompt_text \
-            else (None, cache.prompts[-1][2])
-        cache.prompts.append((text, list(prompt_ids) + list(response_ids),
-                              np.concatenate([prompt_starts, np.asarray(starts, dtype=np.int64)])))
+        last = cache.prompts[-1] if cache.prompts else None
+        prompt_starts = last[2] if last is not None and last[0] == prompt_text else self._encode(prompt_text)[1]
+        cache.prompts.append((text, list(prompt_ids) + list(response_ids), np.concatenate([prompt_starts, starts])))
         del cache.prompts[:-4]
 
     # --- one call ---------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class HFPolicy:
                 "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "dtype": self.dtype}
 
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        return self.generate(request.prompt_ids, seed=request.seed)
+        return self.generate(request.prompt_ids, seed=request.seed, max_new_tokens=request.max_new_tokens)
 
     def _prefill(self, prompt: list[int]):
         """Logits after ``prompt``, reusing the cached prefix it shares with the previous sequence."""

@@ -179,7 +179,7 @@ class VLLMPolicy:
                 "max_model_len": self.max_model_len}
 
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        return self.generate_batch([request.prompt_ids], seeds=[request.seed])[0]
+        return self.generate_batch([request.prompt_ids], seeds=[request.seed], max_new_tokens=request.max_new_tokens)[0]
 
     # --- sampling --------------------------------------------------------------------------------------
 

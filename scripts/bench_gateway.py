@@ -1,6 +1,8 @@
 """The gateway's added latency per call: the client's round trip minus the backend's own share.
 
     python scripts/bench_gateway.py --out runs/bench-gateway
+    python scripts/bench_gateway.py --out runs/bench-gateway-smollm2 --model smollm2-135m --backend hf \
+        --system-chars 8000 --calls 5 --max-new-tokens 64   # a real tokenizer, template and sampler (memorywalker models get)
 
 Sessions shaped like Claude Code's (a 60,000-character system prompt, 12 tools — about 28K tokens of the
 kit tokenizer, as Claude Code's first request — each call adding a tool call and a ~2,000-character result) speak Anthropic Messages (streaming) to a gateway serving the
@@ -8,6 +10,8 @@ kit Llama (65,536 positions) with the ``scripted`` backend. Per call, the backen
 ``sample_s`` the gateway journals (the backend call, a serial backend's queue included); what remains
 of the round trip is the gateway: HTTP, parsing, rendering with the chat template, tokenizing,
 fsyncing the journal, the SSE stream. p50/p95 at 1 and 8 concurrent sessions, default threads.
+With ``--model DIR --backend hf`` the gateway serves that model (its own tokenizer and template) and
+samples; a reply without a tool call is followed by "Go on." so every session makes ``--calls`` calls.
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ def session(url: str, k: int, calls: int, system: str, out: list) -> None:
             reply = s.get_final_message()
         out.append((f"bench-{k}", seq, time.perf_counter() - t0))
         uses = [b for b in reply.content if b.type == "tool_use"]
-        if not uses:
-            break
-        messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
-                                                   "content": f"part {k} " * 250}]}]
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]
+                         or [{"type": "text", "text": "."}]})
+        if uses:
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                                          "content": f"part {k} " * 250}]})
+        else:  # a model that answered in text: the session goes on all the same
+            messages.append({"role": "user", "content": f"Go on. part {k} " * 100})
 
 
 def main() -> None:
@@ -60,17 +66,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("runs/bench-gateway"))
     ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--model", help="a local HF dir or packaged model (default: the kit Llama, built here)")
+    ap.add_argument("--backend", default=None, help="hf | scripted (default: scripted)")
+    ap.add_argument("--system-chars", type=int, default=60000)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
     args = ap.parse_args()
-    kit = args.out / "kit"
-    if not (kit / "model" / "config.json").exists():
-        build_model(kit / "model", build_tokenizer(kit / "tok"), max_positions=65536)
+    if args.model is None:
+        kit = args.out / "kit"
+        if not (kit / "model" / "config.json").exists():
+            build_model(kit / "model", build_tokenizer(kit / "tok"), max_positions=65536)
+        model, tokenizer = str(kit / "model"), str(kit / "tok")
+    else:
+        model, tokenizer = args.model, None
+    (args.out / "script.yaml").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "script.yaml").write_text(SCRIPT)
+    backend = "hf" if args.backend == "hf" else f"scripted:{args.out / 'script.yaml'}"
     corpus = "\n\n".join(bundled_corpus()) + "\n\n"
-    system = (corpus * (60000 // len(corpus) + 1))[:60000]  # with the tools, about Claude Code's first prompt
+    # 60,000 characters: with the tools, about Claude Code's first prompt
+    system = (corpus * (args.system_chars // len(corpus) + 1))[:args.system_chars]
     rows = {}
     for concurrency in (1, 8):
         out = args.out / f"c{concurrency}"
-        gw = build_gateway(str(kit / "model"), f"scripted:{args.out / 'script.yaml'}", out, tokenizer=str(kit / "tok"))
+        gw = build_gateway(model, backend, out, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens)
         trips: list[tuple[str, int, float]] = []
         with BackgroundServer(gw) as url:
             session(url, -1, 2, system, [])  # warm-up (first forward, first template render)
@@ -97,6 +114,7 @@ def main() -> None:
             "added_ms": pct([t - r["sample_s"] for t, r in matched]),  # the gateway, as the client sees it
             "added_in_server_ms": pct([r["latency_s"] - r["sample_s"] for _, r in matched]),
         }
+        rows[concurrency] |= {"model": model, "backend": backend.partition(":")[0]}
         print(concurrency, json.dumps(rows[concurrency]), flush=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
 

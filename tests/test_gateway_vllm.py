@@ -74,7 +74,7 @@ def test_in_process_vllm_backend_records_what_vllm_sampled(kit, tmp_path):
             assert r.status_code == 200, r.text
             messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""},
                          {"role": "user", "content": "Go on."}]
-    gw.backend.policy.policy.close()
+    gw.backend.policy.close()
     (traj,) = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
     assert len(traj.calls) == 2
     lm, tok = load_model(str(model), str(kit[0]), dtype="float32", device=torch.device("cpu"))

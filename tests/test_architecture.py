@@ -21,6 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "memorywalker"
 # (DESIGN.md's layers: records · render · tree · layout/attention · objectives · engine · train recipes ·
 # rollout · importers · metrics/report · samplers · gateway · cli). Samplers (who writes a response) sit
 # below rollout, which drives them, and the gateway, which serves them: they import records and render.
+# The gateway sits below the recipes: the RL recipe runs real harness sessions through it.
 TIERS = [
     {"fileio", "data"},
     {"records", "modelkit"},
@@ -31,9 +32,9 @@ TIERS = [
     {"engine"},
     {"train", "metrics", "transforms", "bench"},
     {"eval"},
+    {"gateway"},
     {"recipes"},
     {"integrations"},
-    {"gateway"},
     {"cli"},
 ]
 TIER = {pkg: i for i, tier in enumerate(TIERS) for pkg in tier}

@@ -33,8 +33,27 @@ def test_unknown_keys_and_bad_values_fail_with_the_valid_ones():
         load_config(SFTConfig, None, ["batchsize=4"])
     with pytest.raises(ConfigError, match=r"unknown method 'tree'; valid: \['per-call', 'logit-tree', 'radix'"):
         load_config(RLConfig, None, ["method=tree"])
-    with pytest.raises(ConfigError, match="unknown harness"):
-        load_config(RLConfig, None, ["harness=zip"])
+    with pytest.raises(ConfigError, match="unknown harness 'zip'"):  # the compression policy's registry
+        load_config(RLConfig, None, ["compressor=zip"])
     with pytest.raises(ConfigError, match="unknown parallel 'tp'; valid: ddp, fsdp"):  # train.config.PARALLEL
         load_config(SFTConfig, None, ["parallel=tp"])
     assert load_config(RLConfig, None, ["method=sdcc", "budget=900"]).budget == 900
+
+
+def test_rl_harness_names_a_real_harness_with_tasks_and_the_compressor_without(tmp_path):
+    """``harness=`` named the compressor before real harnesses ran: without ``tasks`` it still does (a
+    deprecation line says to write ``compressor=``); with ``tasks`` it names the real harness."""
+    with pytest.warns(DeprecationWarning, match="write compressor=opencode"):
+        cfg = load_config(RLConfig, None, ["harness=opencode"])
+    assert (cfg.compressor, cfg.harness, cfg.tasks) == ("opencode", None, None)
+    cfg = load_config(RLConfig, None, ["tasks=t.jsonl", "harness=opencode", "model=runs/x/final"])
+    assert (cfg.compressor, cfg.harness, cfg.served_name) == ("claude-code", "opencode", "final")
+    assert load_config(RLConfig, None, ["tasks=t.jsonl", "harness=cmd:python agent.py"]).harness == "cmd:python agent.py"
+    with pytest.raises(ConfigError, match="tasks= needs harness= one of claude-code, codex, opencode or cmd:COMMAND"):
+        load_config(RLConfig, None, ["tasks=t.jsonl", "harness=zip"])
+    with pytest.raises(ConfigError, match="tasks= needs harness="):
+        load_config(RLConfig, None, ["tasks=t.jsonl"])
+    with pytest.raises(ConfigError, match="harness=codex needs tasks=FILE"):
+        load_config(RLConfig, None, ["harness=codex", "compressor=none"])
+    with pytest.raises(ConfigError, match="script= scores the scripted responses"):
+        load_config(RLConfig, None, ["tasks=t.jsonl", "harness=codex", "script=s.yaml", "rollout_engine=vllm"])

@@ -1,7 +1,8 @@
 """The gateway's HTTP face (Starlette on uvicorn): routes, errors in each dialect's shape, streaming.
 
 Routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``POST /v1/responses``
-(OpenAI Responses), ``POST /v1/chat/completions`` (OpenAI Chat), ``GET /v1/models``, ``GET /health``.
+(OpenAI Responses), ``POST /v1/chat/completions`` (OpenAI Chat), ``GET /v1/models``, ``GET /health``;
+the same under ``/r/TAG/`` tags the sessions of those calls (one RL rollout's harness process).
 A call is sampled in a worker thread (the event loop keeps serving other sessions) and journaled
 before its first byte is sent; a client that disconnects mid-stream leaves the call recorded, with an
 ``undelivered`` note. Statuses: 400 malformed request or a prompt longer than the model's positions
@@ -22,7 +23,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from memorywalker.gateway import anthropic, chat, responses
 from memorywalker.gateway.core import Gateway
@@ -78,7 +79,8 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
                 body = await body_of(req, dialect)
                 request = dialect.parse(body)
                 header = next(((h, req.headers[h]) for h in SESSION_HEADERS if req.headers.get(h)), None)
-                reply, record = await anyio.to_thread.run_sync(_serve, gateway, request, header, body)
+                tag = req.path_params.get("tag")
+                reply, record = await anyio.to_thread.run_sync(_serve, gateway, request, header, body, tag)
             except BadRequest as e:
                 return error(dialect, e.status, str(e))
             except UpstreamError as e:
@@ -115,21 +117,22 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
     async def health(req: HTTPRequest) -> Response:
         return JSONResponse({"ok": True, **gateway.stats, "open_sessions": len(gateway.sessions)})
 
-    return Starlette(routes=[
+    api = [
         Route("/v1/messages", endpoint(anthropic), methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/responses", endpoint(responses), methods=["POST"]),
         Route("/v1/chat/completions", endpoint(chat), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-    ])
+    ]
+    # /r/TAG/v1/...: the same API, its sessions tagged TAG (one harness process of an RL step: base URL .../r/TAG)
+    return Starlette(routes=[*api, Mount("/r/{tag}", routes=api), Route("/health", health, methods=["GET"])])
 
 
-def _serve(gateway: Gateway, request, header, body):
+def _serve(gateway: Gateway, request, header, body, tag):
     from memorywalker.samplers.openai import EndpointError
 
     try:
-        return gateway.serve(request, header, body)
+        return gateway.serve(request, header, body, tag)
     except (EndpointError, ConnectionError, TimeoutError) as e:  # the backend, not the request
         raise _upstream(e) from None
 

@@ -24,7 +24,7 @@ from memorywalker.gateway.dialect import BadRequest, Reply, Request, assign_ids,
 from memorywalker.gateway.journal import Journal, read_journal, session_file
 from memorywalker.gateway.trajectory import build_session
 from memorywalker.records.io import TrajectoryWriter
-from memorywalker.records.schema import Message, ToolCall, ToolSchema
+from memorywalker.records.schema import Message, ToolCall, ToolSchema, Trajectory
 from memorywalker.render.render import PromptCache, Renderer
 from memorywalker.render.toolcalls import PARSERS, parser_for
 from memorywalker.render.types import schemas_to_hf
@@ -56,7 +56,8 @@ class Session:
     id: str  # the trajectory id: the harness's session id (``#partN`` when it came back after finalizing)
     source: str  # "header:<name>" | "prefix"
     journal: Journal
-    key: str = ""  # what finds it in Gateway.sessions: the header's value, or the anonymous id
+    key: str = ""  # what finds it in Gateway.sessions: the tag and the header's value (or the anonymous id)
+    tag: str | None = None  # the URL's rollout tag (``/r/TAG/v1/...``): which harness process the calls came from
     cache: PromptCache = field(default_factory=PromptCache)
     sampled_args: dict[str, Any] = field(default_factory=dict)  # tool-call id -> arguments as sampled
     last_sequence: list[int] = field(default_factory=list)
@@ -114,21 +115,25 @@ class Gateway:
 
     # --- sessions ---------------------------------------------------------------------------------
 
-    def session_for(self, header: tuple[str, str] | None, prompt_ids: list[int] | None = None) -> Session:
+    def session_for(self, header: tuple[str, str] | None, prompt_ids: list[int] | None = None,
+                    tag: str | None = None) -> Session:
+        """The session of a call: by the harness's session header, else the open session (of the same ``tag``)
+        whose last sequence the prompt extends the most, else a new one."""
         with self._lock:
             if header is not None:
                 name, value = header
                 sid = value
                 source = f"header:{name}"
             else:
-                # No header: the open session whose last sequence this prompt extends the most.
-                best = max((s for s in self.sessions.values() if s.source == "prefix" and s.last_sequence
-                            and prompt_ids[: len(s.last_sequence)] == s.last_sequence),
+                best = max((s for s in self.sessions.values() if s.source == "prefix" and s.tag == tag
+                            and s.last_sequence and prompt_ids[: len(s.last_sequence)] == s.last_sequence),
                            key=lambda s: len(s.last_sequence), default=None)
                 if best is not None:
                     return best
-                sid, source = f"anon-{int(time.time())}-{len(self.sessions)}", "prefix"
-            session = self.sessions.get(sid)
+                n = self.stats["sessions"]  # never reused, unlike len(self.sessions)
+                sid, source = (f"{tag}-anon-{n}" if tag else f"anon-{int(time.time())}-{n}"), "prefix"
+            key = sid if tag is None else f"{tag}/{sid}"
+            session = self.sessions.get(key)
             if session is None:
                 # A session id seen before (finalized when it idled, or before a restart) continues as a new part:
                 # its own journal and trajectory id, never appended to a finished one.
@@ -136,8 +141,8 @@ class Gateway:
                 while session_file(self.out, sid).exists() or session_file(self.out, sid).with_suffix(".jsonl.done").exists():
                     part += 1
                     sid = f"{base}#part{part}"
-                session = Session(sid, source, Journal(session_file(self.out, sid)), key=base)
-                self.sessions[base] = session
+                session = Session(sid, source, Journal(session_file(self.out, sid)), key=key, tag=tag)
+                self.sessions[key] = session
                 self.stats["sessions"] += 1
             return session
 
@@ -163,11 +168,14 @@ class Gateway:
     def count_tokens(self, request: Request) -> int:
         return len(self.render(request, None)[1])
 
-    def serve(self, request: Request, header: tuple[str, str] | None, raw: dict | None = None) -> tuple[Reply, dict]:
-        """Sample a reply to ``request`` and journal the call; returns the reply and the journal record."""
+    def serve(self, request: Request, header: tuple[str, str] | None, raw: dict | None = None,
+              tag: str | None = None) -> tuple[Reply, dict]:
+        """Sample a reply to ``request`` and journal the call; returns the reply and the journal record.
+        ``tag``: the rollout tag of the URL the call came to (None on the plain ``/v1`` routes)."""
         started = time.monotonic()
         while True:
-            session = self.session_for(header) if header else self.session_for(None, self.render(request, None)[1])
+            ids = None if header else self.render(request, None)[1]
+            session = self.session_for(header, ids, tag)
             session.lock.acquire()  # one call of a session at a time: its sequence order is the journal's
             if not session.closed:
                 break
@@ -200,7 +208,7 @@ class Gateway:
         record = {
             "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
             "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
-            "harness": self.harness, "purpose": purpose, "backend": self.backend.name,
+            "harness": self.harness, "tag": session.tag, "purpose": purpose, "backend": self.backend.name,
             "temperature": self.temperature,
             "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
             "tools": [t.model_dump(mode="json") for t in request.tools],
@@ -275,46 +283,52 @@ class Gateway:
 
     # --- trajectories -----------------------------------------------------------------------------
 
-    def finalize(self, key: str) -> int:
-        """Write a session's trajectories to ``OUT/trajectories.jsonl`` and retire its journal; returns how many.
-        ``key`` is the session's header value (or anonymous id)."""
+    def finalize(self, key: str) -> list[Trajectory]:
+        """Write a session's trajectories to ``OUT/trajectories.jsonl`` and retire its journal; returns them.
+        ``key`` is the session's key (its header value or anonymous id, after ``TAG/`` for a tagged one)."""
         with self._lock:
             session = self.sessions.pop(key, None)
         if session is None:
-            return 0
+            return []
         with session.lock:  # after a call in flight, before any that waited for it
             session.closed = True
             session.journal.close()
         return finalize_journal(session.journal.path, self.out)
 
+    def finalize_tag(self, tag: str) -> list[Trajectory]:
+        """Finalize every open session of one rollout tag (a harness process that has exited); returns their
+        trajectories in the order the sessions started."""
+        keys = [s.key for s in list(self.sessions.values()) if s.tag == tag]
+        return [t for key in keys for t in self.finalize(key)]
+
     def finalize_idle(self, idle_s: float) -> int:
         now = time.monotonic()
         idle = [s.key for s in list(self.sessions.values()) if now - s.last_seen >= idle_s and not s.lock.locked()]
-        return sum(self.finalize(sid) for sid in idle)
+        return sum(len(self.finalize(key)) for key in idle)
 
     def close(self) -> int:
-        return sum(self.finalize(sid) for sid in list(self.sessions))
+        return sum(len(self.finalize(key)) for key in list(self.sessions))
 
 
-def finalize_journal(path: Path, out: Path) -> int:
-    """A journal's trajectories appended to ``out/trajectories.jsonl``; the journal moves to ``.done``."""
+def finalize_journal(path: Path, out: Path) -> list[Trajectory]:
+    """A journal's trajectories appended to ``out/trajectories.jsonl`` (and returned); the journal moves to ``.done``."""
     records, problems = read_journal(path)
     calls = [r for r in records if r.get("kind") == "call"]
-    n = 0
-    if calls:
-        trajectories = build_session(records, calls[0]["session"])
+    trajectories = build_session(records, calls[0]["session"]) if calls else []
+    if trajectories:
         with TrajectoryWriter(out / "trajectories.jsonl", mode="a") as w:
             for t in trajectories:
                 t.meta["journal"] = str(path.name)
+                if calls[0].get("tag") is not None:
+                    t.meta["tag"] = calls[0]["tag"]
                 if problems:
                     t.meta["journal_problems"] = problems
                 w.write(t)
-        n = len(trajectories)
     path.rename(path.with_suffix(".jsonl.done"))
-    return n
+    return trajectories
 
 
 def finalize_all(out: str | Path) -> int:
     """Finalize every journal left in ``out/sessions`` (a gateway that was killed); returns the trajectories written."""
     root = Path(out) / "sessions"
-    return sum(finalize_journal(p, Path(out)) for p in sorted(root.glob("*.jsonl"))) if root.exists() else 0
+    return sum(len(finalize_journal(p, Path(out))) for p in sorted(root.glob("*.jsonl"))) if root.exists() else 0

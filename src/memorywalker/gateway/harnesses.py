@@ -15,6 +15,15 @@ auto-compaction threshold (so a short session reaches it). Checked with the pinn
   ``baseURL``, the model's ``limit.context``); Chat Completions with header ``x-session-id``; a
   title-generation call comes first. Compaction: ``limit.context`` (it compacts once a prompt passes about
   ``limit.context - limit.output``). It takes its project directory from ``$PWD``.
+* ``cmd:COMMAND`` — any other agent: ``bash -c COMMAND`` in the workdir, the task in
+  ``$MEMORYWALKER_PROMPT``, the gateway in ``$MEMORYWALKER_BASE_URL`` (also ``OPENAI_BASE_URL`` ending in
+  ``/v1`` and ``ANTHROPIC_BASE_URL``), the model's name in ``$MEMORYWALKER_MODEL``. No compaction setting.
+
+``sandbox=True`` runs the process under bubblewrap (``bwrap``): the filesystem read-only but for the
+session's workdir and HOME, mounted at the same paths in every session (:data:`SANDBOX_WORK`,
+:data:`SANDBOX_HOME`) so that the prompts of one task's sessions are identical token for token; the
+process sees its own PIDs and dies with its parent. The network is shared (the gateway is on loopback):
+the sandbox guards the machine's files, not its network.
 """
 
 from __future__ import annotations
@@ -32,6 +41,28 @@ from pathlib import Path
 PINNED = {"claude-code": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0",
           "opencode": "opencode-ai@1.18.33"}
 BINARIES = {"claude-code": "claude", "codex": "codex", "opencode": "opencode"}
+SANDBOX_WORK, SANDBOX_HOME = Path("/tmp/mw/work"), Path("/tmp/mw/home")
+
+
+def is_known(harness: str) -> bool:
+    """A harness this module can run: a pinned one, or ``cmd:COMMAND``."""
+    return harness in PINNED or (harness.startswith("cmd:") and bool(harness[4:].strip()))
+
+
+def sandbox_available() -> str | None:
+    """The bubblewrap binary, or None where it is not installed (``apt-get install bubblewrap``)."""
+    return shutil.which("bwrap")
+
+
+def sandboxed(argv: list[str], workdir: Path, home: Path) -> list[str]:
+    """``argv`` under bubblewrap, ``workdir`` and ``home`` mounted read-write at :data:`SANDBOX_WORK` and
+    :data:`SANDBOX_HOME`, everything else read-only, a private ``/tmp`` and PID namespace."""
+    bwrap = sandbox_available()
+    if bwrap is None:
+        raise FileNotFoundError("bwrap (bubblewrap) is not installed: `apt-get install bubblewrap`, or run unsandboxed")
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", str(workdir), str(SANDBOX_WORK), "--bind", str(home), str(SANDBOX_HOME),
+            "--chdir", str(SANDBOX_WORK), "--unshare-pid", "--die-with-parent", "--", *argv]
 
 
 @dataclass
@@ -44,7 +75,9 @@ class Setup:
 
 
 def find_binary(harness: str, bin_dir: str | os.PathLike | None = None) -> str:
-    """The harness's executable: in ``bin_dir``, ``$MEMORYWALKER_HARNESS_BIN``, or on PATH."""
+    """The harness's executable: in ``bin_dir``, ``$MEMORYWALKER_HARNESS_BIN``, or on PATH (``bash`` for ``cmd:``)."""
+    if harness.startswith("cmd:"):
+        return shutil.which("bash") or "bash"
     name = BINARIES[harness]
     for d in (bin_dir, os.environ.get("MEMORYWALKER_HARNESS_BIN")):
         if d and (Path(d) / name).exists():
@@ -63,7 +96,7 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
     ``compact_tokens``: make the harness's own auto-compaction trigger once a prompt passes about that
     many tokens (None: its default, far beyond a short session).
     """
-    exe = binary or BINARIES[harness]
+    exe = binary or BINARIES.get(harness, "bash")
     if harness == "claude-code":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
@@ -94,7 +127,12 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
                   "permission": {"*": "allow"}}
         return Setup([exe, "run", prompt], {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"},
                      {workdir / "opencode.json": json.dumps(config, indent=2)})
-    raise ValueError(f"unknown harness {harness!r}; valid: {sorted(PINNED)}")
+    if harness.startswith("cmd:"):
+        return Setup([exe, "-c", harness[4:]],
+                     {"MEMORYWALKER_PROMPT": prompt, "MEMORYWALKER_BASE_URL": url, "MEMORYWALKER_MODEL": model,
+                      "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key, "ANTHROPIC_BASE_URL": url,
+                      "ANTHROPIC_API_KEY": key})
+    raise ValueError(f"unknown harness {harness!r}; valid: {sorted(PINNED)} or cmd:COMMAND")
 
 
 def settings_text(url: str, model: str, key: str) -> str:
@@ -114,7 +152,7 @@ def settings_text(url: str, model: str, key: str) -> str:
 @dataclass
 class HarnessRun:
     harness: str
-    workdir: Path
+    workspace: Workspace
     returncode: int | None  # None: killed at the deadline
     seconds: float
     stdout: str
@@ -124,32 +162,78 @@ class HarnessRun:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    @property
+    def workdir(self) -> Path:
+        return self.workspace.workdir
 
-def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "memorywalker",
-                files: dict[str, str] | None = None, deadline_s: float = 600, compact_tokens: int | None = None,
-                bin_dir: str | None = None, workdir: Path | None = None, keep: bool = True) -> HarnessRun:
-    """Run one ``harness`` session on ``prompt`` in a fresh workdir (``files`` placed in it) with a private
-    HOME, killed (its whole process group) at ``deadline_s``."""
-    binary = find_binary(harness, bin_dir)
-    workdir = Path(workdir or tempfile.mkdtemp(prefix=f"mw-{harness}-"))
+
+@dataclass
+class Workspace:
+    """A session's fresh workdir and private HOME, and the paths the process sees them at (the same
+    unless sandboxed)."""
+
+    workdir: Path
+    home: Path
+    sandbox: bool = False
+
+    @property
+    def inner_workdir(self) -> Path:
+        return SANDBOX_WORK if self.sandbox else self.workdir
+
+    @property
+    def inner_home(self) -> Path:
+        return SANDBOX_HOME if self.sandbox else self.home
+
+    def outer(self, path: Path) -> Path:
+        """Where a path the process sees lies on this machine."""
+        for inner, outer in ((self.inner_workdir, self.workdir), (self.inner_home, self.home)):
+            if path == inner or inner in path.parents:
+                return outer / path.relative_to(inner)
+        return path
+
+    def wrap(self, argv: list[str]) -> tuple[list[str], Path]:
+        """(argv to run, cwd to run it in) for a command of this session."""
+        return (sandboxed(argv, self.workdir, self.home) if self.sandbox else argv), self.workdir
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        """This machine's environment without provider keys, HOME and XDG dirs private, plus ``extra``."""
+        home, work = self.inner_home, self.inner_workdir
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_"))}
+        return env | {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+                      "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
+                      "XDG_STATE_HOME": str(home / ".local/state"), "NO_COLOR": "1",
+                      "PWD": str(work)} | extra  # OpenCode takes its project dir from $PWD
+
+
+def workspace(workdir: Path | None = None, *, sandbox: bool = False, prefix: str = "mw-") -> Workspace:
+    """A fresh ``workdir`` (a new temporary one when None) and its HOME beside it."""
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
     home = workdir.parent / f"{workdir.name}.home"
     workdir.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
+    return Workspace(workdir, home, sandbox)
+
+
+def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "memorywalker",
+                files: dict[str, str] | None = None, deadline_s: float = 600, compact_tokens: int | None = None,
+                bin_dir: str | None = None, workdir: Path | None = None, sandbox: bool = False) -> HarnessRun:
+    """Run one ``harness`` session on ``prompt`` in a fresh workdir (``files`` placed in it) with a private
+    HOME, killed (its whole process group) at ``deadline_s``; under bubblewrap with ``sandbox``."""
+    binary = find_binary(harness, bin_dir)
+    ws = workspace(workdir, sandbox=sandbox, prefix=f"mw-{harness.partition(':')[0]}-")
     for name, text in (files or {}).items():
-        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
-        (workdir / name).write_text(text)
-    s = setup(harness, prompt, url=url, model=model, key=key, workdir=workdir, home=home,
+        (ws.workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws.workdir / name).write_text(text)
+    s = setup(harness, prompt, url=url, model=model, key=key, workdir=ws.inner_workdir, home=ws.inner_home,
               compact_tokens=compact_tokens, binary=binary)
     for path, text in s.files.items():
+        path = ws.outer(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_"))}
-    env |= {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
-            "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state"),
-            "NO_COLOR": "1", "PWD": str(workdir)} | s.env  # OpenCode takes its project dir from $PWD
+    argv, cwd = ws.wrap(s.argv)
     started = time.monotonic()
-    proc = subprocess.Popen(s.argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=ws.env(s.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, errors="replace")
     try:
         stdout, stderr = proc.communicate(timeout=deadline_s)
         code: int | None = proc.returncode
@@ -157,7 +241,7 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         code = None
-    return HarnessRun(harness, workdir, code, time.monotonic() - started, stdout, stderr)
+    return HarnessRun(harness, ws, code, time.monotonic() - started, stdout, stderr)
 
 
 @dataclass

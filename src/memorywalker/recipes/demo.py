@@ -265,7 +265,7 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
         t0 = time.perf_counter()
         rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{name}"), method=method,
                                       env="vault", steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts,
-                                      group_size=cfg.rl_group, suite=cfg.suite, harness=cfg.harnesses[0],
+                                      group_size=cfg.rl_group, suite=cfg.suite, compressor=cfg.harnesses[0],
                                       budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns,
                                       max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, **sdcc,
                                       max_tokens=_max_tokens(cfg, method), save_every=cfg.rl_steps, seed=cfg.seed),

@@ -1,0 +1,137 @@
+"""The RL recipe's rollouts when every episode is a session of a real harness (``tasks=FILE harness=...``).
+
+One step: the next ``prompts_per_step`` tasks of the task file (cycling), ``group_size`` sessions each,
+``concurrency`` harness processes at once, all through one gateway serving the weights being trained
+(:mod:`memorywalker.gateway`). The gateway's sampler is the recipe's (``rollout_engine=hf``: the model
+object being trained; ``vllm``: the in-process engine the recipe syncs after every update), so the
+step's rollout logprobs are those of the weights the step starts from. Each session's main line (its
+act calls and the compactions the harness made, branches included) is one episode of its task's GRPO
+group, rewarded by the task's verifier; side lines (a title, a subagent) are kept in the records but
+not trained. Failed sessions are kept with their reason: ``failed_sessions=exclude`` leaves them out
+of the group's advantage, ``zero`` counts a failed session that made calls as reward 0.
+
+Records: ``rollouts/step-N/`` (the gateway's journals and ``trajectories.jsonl``),
+``rollouts/step-N.jsonl`` (every trajectory of the step, ``meta["rl"]`` saying its task, sample,
+reward and failure) and ``rollouts/step-N.sessions.jsonl`` (one row per session, failed ones too).
+A step's records left by a killed run are moved to ``rollouts/abandoned/`` before the step is
+collected again, so no step's rollouts are trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+from memorywalker.gateway.backends import SamplerBackend, Scripted, ScriptedBackend
+from memorywalker.gateway.core import Gateway
+from memorywalker.gateway.harnesses import sandbox_available
+from memorywalker.gateway.rollouts import SessionJob, SessionResult, run_sessions
+from memorywalker.gateway.server import BackgroundServer
+from memorywalker.gateway.tasks import HarnessTask, read_tasks
+from memorywalker.records.io import TrajectoryWriter
+from memorywalker.records.schema import Trajectory
+from memorywalker.render import Renderer
+
+
+class HarnessRollouts:
+    """Collects one step's harness sessions (see the module docstring)."""
+
+    def __init__(self, cfg, policy, renderer: Renderer, run_dir: Path, *, positions: int, log=print):
+        self.cfg, self.policy, self.renderer = cfg, policy, renderer
+        self.root = run_dir / "rollouts"
+        self.positions = positions
+        self.tasks, rejected = read_tasks(cfg.tasks)
+        for r in rejected:
+            log(f"{cfg.tasks}:{r.line}: set aside: {r.reason}")
+        self.rejected = len(rejected)
+        if cfg.sandbox == "none":
+            self.sandbox = False
+        elif sandbox_available():
+            self.sandbox = True
+        elif cfg.sandbox == "bwrap":
+            raise FileNotFoundError("sandbox=bwrap: bwrap (bubblewrap) is not installed (`apt-get install bubblewrap`)")
+        else:
+            self.sandbox = False
+            log("rl: bwrap (bubblewrap) is not installed: harness sessions run unsandboxed, each in a fresh "
+                "workdir with a private HOME (sandbox=none says so explicitly)")
+
+    def next_tasks(self, cursor: int) -> tuple[list[HarnessTask], int]:
+        """The step's tasks from ``cursor`` on, cycling through the file; the new cursor."""
+        n = len(self.tasks)
+        return [self.tasks[(cursor + i) % n] for i in range(self.cfg.prompts_per_step)], cursor + self.cfg.prompts_per_step
+
+    def _backend(self):
+        if self.cfg.script:  # a pipeline check: the script's responses, scored by the weights being trained
+            return ScriptedBackend(Scripted.load(self.cfg.script), self.renderer, self.policy)
+        return SamplerBackend(self.cfg.rollout_engine, self.policy, concurrent=False)
+
+    def collect(self, step: int, tasks: list[HarnessTask]) -> tuple[list[list[Trajectory]], list[SessionResult], dict]:
+        """The step's sessions: (one GRPO group of main lines per task, every session's result, metrics)."""
+        cfg = self.cfg
+        out = self.root / f"step-{step}"
+        self._set_aside(step)
+        if hasattr(self.policy, "start"):
+            self.policy.start(None)  # no K/V cached under the weights before the last update
+        gateway = Gateway(self.renderer, self._backend(), out, model_name=cfg.served_name, max_positions=self.positions,
+                          max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, harness=cfg.harness,
+                          temperature=cfg.temperature)
+        jobs = [SessionJob(task, j, f"s{step}-t{i}-{j}") for i, task in enumerate(tasks) for j in range(cfg.group_size)]
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="mw-rl-") as tmp, BackgroundServer(gateway) as url:
+            workroot = out / "work" if cfg.keep_workdirs else Path(tmp)
+            results = run_sessions(gateway, url, jobs, cfg.harness, model=cfg.served_name, concurrency=cfg.concurrency,
+                                   deadline_s=cfg.deadline, compact_tokens=cfg.compact_at, bin_dir=cfg.harness_bin,
+                                   sandbox=self.sandbox, workroot=workroot, keep_workdirs=cfg.keep_workdirs,
+                                   verifier_timeout_s=cfg.verifier_timeout)
+        seconds = time.perf_counter() - started
+        self._write(step, results)
+
+        groups = []
+        for i in range(len(tasks)):
+            group = []
+            for r in results[i * cfg.group_size:(i + 1) * cfg.group_size]:
+                main = r.main
+                if main is None or (r.failed is not None and cfg.failed_sessions == "exclude"):
+                    continue
+                main.reward = r.reward if r.failed is None else 0.0
+                group.append(main)
+            groups.append(group)
+        return groups, results, self._metrics(results, seconds)
+
+    def _set_aside(self, step: int) -> None:
+        """Records of this step left by a run that was killed before its checkpoint: never trained again."""
+        stale = [p for p in (self.root / f"step-{step}", self.root / f"step-{step}.jsonl",
+                             self.root / f"step-{step}.sessions.jsonl") if p.exists()]
+        if stale:
+            dest = self.root / "abandoned" / f"step-{step}-{time.strftime('%Y%m%dT%H%M%S')}"
+            dest.mkdir(parents=True, exist_ok=True)
+            for p in stale:
+                shutil.move(str(p), dest / p.name)
+            warnings.warn(f"rl: step {step}'s rollouts from an interrupted run moved to {dest}; collecting anew",
+                          stacklevel=2)
+
+    def _write(self, step: int, results: list[SessionResult]) -> None:
+        with TrajectoryWriter(self.root / f"step-{step}.jsonl") as w:
+            for r in results:
+                for t in r.trajectories:
+                    t.meta["rl"] = {"step": step, "task": r.job.task.id, "sample": r.job.sample, "session": r.job.tag,
+                                    "reward": r.reward, "failed": r.failed,
+                                    "trained": t is r.main and (r.failed is None or self.cfg.failed_sessions == "zero")}
+                    w.write(t)
+        with open(self.root / f"step-{step}.sessions.jsonl", "w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps(r.row()) + "\n")
+
+    def _metrics(self, results: list[SessionResult], seconds: float) -> dict:
+        done = [r for r in results if r.failed is None]
+        why = Counter(r.failed.split(":")[0] for r in results if r.failed is not None)
+        return {"sessions": len(results), "sessions_failed": len(results) - len(done),
+                "failed_reasons": dict(why), "compactions_per_session": statistics.fmean(r.compactions for r in results),
+                "calls_per_session": statistics.fmean(r.calls for r in results),
+                "harness_seconds": seconds}

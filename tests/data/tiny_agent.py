@@ -2,8 +2,9 @@
 Completions through the ``openai`` SDK, two tools (``read_file``, ``write_file``) run in the working
 directory, at most 6 turns. Like OpenCode it compacts: once a reply's ``usage.prompt_tokens`` passes
 ``$TINY_AGENT_COMPACT_AT`` it asks for a summary (with OpenCode's summarization prompt, so the gateway
-knows the call) and goes on from the summary alone. A prompt containing ``HANG`` makes it sleep (a
-harness that never finishes)."""
+knows the call) and goes on from the summary alone. Its last reply is also written to ``reply.txt``
+(what a verifier can score). A prompt containing ``HANG`` makes it sleep (a harness that never
+finishes); ``$TINY_AGENT_SLEEP`` seconds pass before each call (a slow harness)."""
 
 import json
 import os
@@ -40,6 +41,7 @@ def main():
     model, compact_at = os.environ["MEMORYWALKER_MODEL"], int(os.environ.get("TINY_AGENT_COMPACT_AT", "0"))
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     for _ in range(6):
+        time.sleep(float(os.environ.get("TINY_AGENT_SLEEP", "0")))
         r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=64)
         msg = r.choices[0].message
         calls = msg.tool_calls or []
@@ -59,6 +61,7 @@ def main():
                 {"role": "user", "content": json.dumps(messages[1:])}])
             messages = [messages[0], {"role": "user", "content": prompt},
                         {"role": "user", "content": "Summary of the work so far: " + (s.choices[0].message.content or "")}]
+    Path("reply.txt").write_text(messages[-1].get("content") or "")
     print(messages[-1].get("content", ""))
 
 

@@ -4,7 +4,7 @@ A task file holds one JSON object per line::
 
     {"id": "sum-7", "prompt": "Read notes.txt and write the number in it to answer.txt.",
      "files": {"notes.txt": "The number is 7.\\n", "data/big.csv": {"path": "fixtures/big.csv"}},
-     "verifier": "grep -qx 7 answer.txt", "deadline": 300}
+     "verifier": "[ -f answer.txt ] && grep -qx 7 answer.txt", "deadline": 300}
 
 * ``prompt`` (required): the harness's non-interactive prompt.
 * ``files``: placed in the session's fresh workdir before it starts: name → text, or ``{"path": P}`` to
@@ -13,7 +13,9 @@ A task file holds one JSON object per line::
   reward follows the convention of ``grep``/``diff``/``cmp``: exit 0 is a pass (reward 1, or the score it
   prints as its last line of output, a number in [0, 1]); exit 1 is a fail (reward 0); anything else —
   another exit status, a signal, its timeout, a printed score outside [0, 1] — is the verifier failing,
-  and the session is recorded as failed with that reason, never as a reward of 0 in disguise.
+  and the session is recorded as failed with that reason, never as a reward of 0 in disguise. Mind
+  tools whose exit 2 means a missing file (``grep``, ``cmp``): an answer the agent never wrote is a
+  fail, so test for it first (``[ -f answer.txt ] && grep -qx 7 answer.txt``).
 * ``deadline``: seconds before the harness is killed (the run's ``deadline`` when absent).
 * ``id``: unique; ``task-<line>`` when absent.
 

@@ -51,7 +51,8 @@ INVOCATION_FIELDS = frozenset({"resume", "override_config", "run_dir"})
 RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "save_every",
                               "keep_checkpoints", "tensorboard", "wandb", "wandb_project", "wandb_mode",
                               "device", "parallel",
-                              "activation_checkpointing", "checkpoint_chunks", "collective_timeout"})
+                              "activation_checkpointing", "checkpoint_chunks", "collective_timeout",
+                              "harness_bin", "keep_workdirs"})  # rl tasks=: where the binary is, what is kept
 
 
 def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -142,7 +142,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/harness-rl"))
     ap.add_argument("--harness", default="opencode", choices=sorted(COMPACT_AT))
-    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--sft-steps", type=int, default=120)
+    ap.add_argument("--sft-lr", type=float, default=1e-2)
     ap.add_argument("--rl-steps", type=int, default=2)
     ap.add_argument("--group", type=int, default=2)
     ap.add_argument("--bin", default=None, help="the harness binary's dir (default: $MEMORYWALKER_HARNESS_BIN, PATH)")
@@ -161,7 +162,7 @@ def main() -> None:
 
     t0 = time.monotonic()
     sft = sft_train(SFTConfig(model=str(kit / "model"), tokenizer=str(kit / "tok"), run_dir=str(out / "sft"),
-                              method="radix", steps=args.sft_steps, batch_size=len(mains), lr=3e-3,
+                              method="radix", steps=args.sft_steps, batch_size=len(mains), lr=args.sft_lr,
                               save_every=args.sft_steps), trajectories=mains, progress=False)
     times["sft"] = time.monotonic() - t0
     hits, total = emitted_calls(sft.final_dir, kit / "tok", mains)
@@ -190,7 +191,7 @@ def main() -> None:
                "sft_loss_last": sft.metrics[-1]["loss"], "emitted_calls": [hits, total], "steps": steps,
                "unique_trajectories": len(set(ids)) == len(ids), "seconds": {k: round(v, 1) for k, v in times.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    lines = [f"| step | sessions | failed | reward | calls/session | compactions/session | rollout vs plain forward, max abs diff (mean) |",
+    lines = ["| step | sessions | failed | reward | calls/session | compactions/session | rollout vs plain forward, max abs diff (mean) |",
              "|---|---|---|---|---|---|---|"]
     for s in steps:
         g = s["reference_gap"]

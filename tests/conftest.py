@@ -61,3 +61,15 @@ def harness_logs() -> Path:
     if not HARNESS_LOGS.exists():
         pytest.skip(f"shared fixtures not found at {HARNESS_LOGS}")
     return HARNESS_LOGS
+
+
+@pytest.fixture(scope="session")
+def long_kit(tmp_path_factory):
+    """The kit tokenizer and a kit Llama with 65,536 positions: the real harnesses' prompts are 15-34K tokens
+    of the kit's vocabulary (docs/gateway.md)."""
+    from memorywalker.modelkit.build import build_model, build_tokenizer
+
+    root = tmp_path_factory.mktemp("long-kit")
+    tok = build_tokenizer(root / "tok")
+    return tok, build_model(root / "model", tok, max_positions=65536)
+

@@ -26,16 +26,6 @@ PROMPT = "Read notes.txt, list the files, write out.txt, then show it."
 COMPACT_AT = {"claude-code": 30250, "codex": 16000, "opencode": 17080}
 
 
-@pytest.fixture(scope="module")
-def long_kit(tmp_path_factory):
-    """The kit tokenizer and a kit Llama with 65,536 positions: the harnesses' prompts are 15-34K tokens."""
-    from memorywalker.modelkit.build import build_model, build_tokenizer
-
-    root = tmp_path_factory.mktemp("long-kit")
-    tok = build_tokenizer(root / "tok")
-    return tok, build_model(root / "model", tok, max_positions=65536)
-
-
 @pytest.mark.parametrize("harness", sorted(PINNED))
 def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit, tmp_path):
     import torch

@@ -83,3 +83,24 @@ def test_second_step_rollouts_come_from_the_updated_weights(served, kit, tmp_pat
     assert n > 0 and initial_gap > 1e-3, initial_gap
     step0_gap, _ = logprobs_under(served, seen[0])
     assert step0_gap < 1e-5
+
+
+def test_harness_sessions_sampled_by_vllm_are_the_forward_of_the_synced_weights(served, kit, tmp_path):
+    """``tasks=`` with ``rollout_engine=vllm``: the gateway serves the in-process engine, and after step
+    0's update the engine holds the new weights — step 1's rollout logprobs equal a plain forward of the
+    checkpoint after step 0 (max ≤ 1e-5), not of the weights before it."""
+    from test_harness_rl import AGENT, CRC, plain_gap, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "one", "prompt": "Say something.", "verifier": CRC},
+                                                   {"id": "two", "prompt": "Say more.", "verifier": CRC}])
+    run = tmp_path / "run"
+    result = train(RLConfig(model=str(served), tokenizer=str(kit[0]), run_dir=str(run), tasks=str(tasks), harness=AGENT,
+                            rollout_engine="vllm", prompts_per_step=2, group_size=2, steps=2, lr=1e-2,
+                            max_new_tokens=24, save_every=1, keep_checkpoints=5, deadline=120), progress=False)
+    assert [m["sessions_failed"] for m in result.metrics] == [0, 0]
+    assert all(m["groups_with_signal"] == 1.0 for m in result.metrics)
+    gap0, n0 = plain_gap(served, None, run / "rollouts" / "step-0.jsonl")
+    gap1, n1 = plain_gap(served, run / "checkpoints" / "step-000001", run / "rollouts" / "step-1.jsonl")
+    stale, _ = plain_gap(served, None, run / "rollouts" / "step-1.jsonl")
+    assert n0 > 0 and n1 > 0 and gap0 <= 1e-5 and gap1 <= 1e-5, (gap0, gap1)
+    assert stale > 1e-3, stale

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from memorywalker.gateway.backends import SamplerBackend, Scripted, ScriptedBackend
 from memorywalker.gateway.core import Gateway
-from memorywalker.gateway.harnesses import sandbox_available
+from memorywalker.gateway.harnesses import find_binary, sandbox_available
 from memorywalker.gateway.rollouts import SessionJob, SessionResult, run_sessions
 from memorywalker.gateway.server import BackgroundServer
 from memorywalker.gateway.tasks import HarnessTask, read_tasks
@@ -46,6 +46,7 @@ class HarnessRollouts:
         self.cfg, self.policy, self.renderer = cfg, policy, renderer
         self.root = run_dir / "rollouts"
         self.positions = positions
+        find_binary(cfg.harness, cfg.harness_bin)  # a missing harness fails before any step, in one line
         self.tasks, rejected = read_tasks(cfg.tasks)
         for r in rejected:
             log(f"{cfg.tasks}:{r.line}: set aside: {r.reason}")

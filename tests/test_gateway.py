@@ -661,3 +661,28 @@ def test_a_call_racing_the_idle_finalizer_is_recorded(kit, tmp_path):
     assert errors == []
     trajs = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
     assert sum(len(t.calls) for t in trajs) == 2 and {t.id for t in trajs} <= {"race", "race#part2"}
+
+
+def test_calls_under_r_tag_are_that_tags_sessions_and_identical_prompts_never_merge(served):
+    """Two harness processes of one RL group send the same prompt without a session header, one under
+    /r/a and one under /r/b: two sessions, tagged a and b, each with its own 2 calls (prefix matching
+    stays within a tag); finalize_tag(a) returns a's trajectory only and leaves b open."""
+    import openai
+
+    url, gw, out = served
+    for tag in ("a", "b"):
+        client = openai.OpenAI(base_url=f"{url}/r/{tag}/v1", api_key="x")
+        messages = [{"role": "user", "content": "Same task for both."}]
+        for _ in range(2):
+            r = client.chat.completions.create(model="kit", messages=messages, max_tokens=32)
+            messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "go on"}]
+    assert sorted(s.tag for s in gw.sessions.values()) == ["a", "b"]
+    (a,) = gw.finalize_tag("a")
+    assert a.meta["tag"] == "a" and len(a.calls) == 2 and a.id.startswith("a-anon-")
+    assert [s.tag for s in gw.sessions.values()] == ["b"] and gw.finalize_tag("nobody") == []
+    records = [r for p in (out / "sessions").glob("a-anon-*.jsonl.done") for r in journal_lines(p)]
+    assert [r["tag"] for r in records] == ["a", "a"]
+
+
+def journal_lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

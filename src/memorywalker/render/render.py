@@ -54,6 +54,17 @@ class RenderOptions:
     full_view_artifacts: bool = False
 
 
+def eot_ids(tokenizer, extra: tuple[str, ...] = ()) -> frozenset[int]:
+    """End-of-turn token ids: eos, the :data:`KNOWN_EOT` tokens the tokenizer has as specials, and ``extra``
+    (configured ``eot_tokens``, special or not). The one definition the renderer, the samplers' stop ids
+    and the compressors' episode loop share."""
+    vocab, specials = tokenizer.get_vocab(), set(tokenizer.all_special_tokens)
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    ids |= {vocab[t] for t in KNOWN_EOT if t in vocab and t in specials}
+    ids |= {vocab[t] for t in extra if t in vocab}
+    return frozenset(ids)
+
+
 class Renderer:
     """Renders calls of trajectories with one tokenizer; memoizes prompt renderings per trajectory."""
 
@@ -62,12 +73,7 @@ class Renderer:
             raise RenderError("the tokenizer has no chat template")
         self.tok = tokenizer
         self.options = options or RenderOptions()
-        eot = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        vocab = tokenizer.get_vocab()
-        for s in (*KNOWN_EOT, *self.options.eot_tokens):
-            if s in vocab and s in tokenizer.all_special_tokens + list(self.options.eot_tokens):
-                eot.add(vocab[s])
-        self.eot_ids = frozenset(eot)
+        self.eot_ids = eot_ids(tokenizer, self.options.eot_tokens)
         # Special added tokens that absorb no neighbouring whitespace: the input is split at them
         # before any other tokenization step, so they are safe points to resume tokenizing from.
         self.split_tokens = {

@@ -23,7 +23,7 @@ from typing import Any
 from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.records.validate import RecordError
-from memorywalker.render.render import KNOWN_EOT
+from memorywalker.render.render import eot_ids
 from memorywalker.render.toolcalls import CALL_FORMAT, call_arguments, parse_response
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout.compress import Compressor, make_compressor
@@ -76,9 +76,7 @@ class Episode:
         self.current_response: str | None = None
         self._n_tool_calls = 0
         self._token_memo: dict[tuple[str, ...], tuple[str, list[int]]] = {}
-        eot = {tokenizer.eos_token_id} | {tokenizer.convert_tokens_to_ids(t) for t in KNOWN_EOT
-                                          if t in tokenizer.all_special_tokens}
-        self.eot_ids = {i for i in eot if i is not None}
+        self.eot_ids = eot_ids(tokenizer)
 
     # --- messages -----------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from memorywalker.records.schema import Task
+from memorywalker.render.render import eot_ids
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 
@@ -36,13 +37,9 @@ class HFPolicy:
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
         self.model = model.eval()
-        from memorywalker.render.render import KNOWN_EOT
-
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
         # Stop on the end-of-turn tokens the Renderer recognises (eos + known EOT specials).
-        default_stop = {tok.eos_token_id} | {tok.convert_tokens_to_ids(t) for t in KNOWN_EOT
-                                             if t in tok.all_special_tokens}
-        self.stop_ids = set(stop_ids if stop_ids is not None else default_stop)
+        self.stop_ids = set(stop_ids if stop_ids is not None else eot_ids(tok))
         self.temperature, self.max_new_tokens, self.top_k = temperature, max_new_tokens, top_k
         self.dtype, self.device = dtype, device
         # Transformers 5 renamed ``past_key_values`` to ``cache``; accept both.

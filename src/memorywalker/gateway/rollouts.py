@@ -11,6 +11,7 @@ fails. ``memorywalker rl tasks=FILE harness=...`` runs a step's sessions through
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,9 @@ from typing import Any
 from memorywalker.gateway.harnesses import find_binary, run_harness
 from memorywalker.gateway.tasks import HarnessTask, verify
 from memorywalker.records.schema import Trajectory
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colours some harnesses print despite NO_COLOR
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
             result.trajectories = sorted(gateway.finalize_tag(job.tag),
                                          key=lambda t: t.lineage is not None and t.lineage.relation == "side")
         result.returncode, result.seconds = run.returncode, run.seconds
-        result.harness_output = (run.stderr.strip() or run.stdout.strip())[-2000:]
+        result.harness_output = _ANSI.sub("", run.stderr.strip() or run.stdout.strip())[-2000:]
         if run.returncode is None:
             result.failed = f"deadline: the harness was killed after {run.seconds:.0f} s"
         elif run.returncode != 0:

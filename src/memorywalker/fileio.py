@@ -108,3 +108,15 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 __all__ = ["as_os_error", "atomic_write", "naming", "temporary_name", "write_text_atomic"]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file, read in 1 MiB blocks: checkpoints, packaged models and corpora pin files by it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+

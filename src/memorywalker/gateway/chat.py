@@ -18,7 +18,6 @@ from memorywalker.gateway.dialect import (
     BadRequest,
     Reply,
     Request,
-    arguments_of,
     arguments_text,
     need,
     openai_error_json,
@@ -26,6 +25,7 @@ from memorywalker.gateway.dialect import (
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
+from memorywalker.render.toolcalls import arguments_from_text
 
 NAME = "chat"
 def parse(body: Any) -> Request:
@@ -48,7 +48,7 @@ def parse(body: Any) -> Request:
             w = f"{where}.tool_calls[{j}]"
             fn = need(tc, "function", dict, w)
             calls.append(ToolCall(id=need(tc, "id", str, w), name=need(fn, "name", str, f"{w}.function"),
-                                  arguments=arguments_of(need(fn, "arguments", str, f"{w}.function"), w)))
+                                  arguments=arguments_from_text(need(fn, "arguments", str, f"{w}.function"))))
         reasoning = optional(m, "reasoning_content", str, where) if role == "assistant" else None
         messages.append(Message(id="", role="system" if role == "developer" else role, content=content,
                                 reasoning=reasoning or None, tool_calls=calls,

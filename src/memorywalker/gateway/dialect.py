@@ -103,15 +103,6 @@ def _tuple(kind) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-def arguments_of(raw: str, where: str) -> dict[str, Any] | str:
-    """Tool-call arguments sent as a JSON string: the dict, kept as the raw text when it is not an object."""
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-    return value if isinstance(value, dict) else raw
-
-
 def arguments_text(arguments: dict[str, Any] | str) -> str:
     """Arguments as the JSON text the client receives: the sampled text itself for a raw string."""
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

@@ -25,7 +25,6 @@ from memorywalker.gateway.dialect import (
     BadRequest,
     Reply,
     Request,
-    arguments_of,
     arguments_text,
     need,
     openai_error_json,
@@ -33,6 +32,7 @@ from memorywalker.gateway.dialect import (
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
+from memorywalker.render.toolcalls import arguments_from_text
 
 NAME = "responses"
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -69,7 +69,7 @@ def parse(body: Any) -> Request:
                                         meta={"role": "developer"} if role == "developer" else {}))
         elif kind in ("function_call", "custom_tool_call"):
             call_id, name = need(item, "call_id", str, where), need(item, "name", str, where)
-            args = (arguments_of(need(item, "arguments", str, where), where) if kind == "function_call"
+            args = (arguments_from_text(need(item, "arguments", str, where)) if kind == "function_call"
                     else need(item, "input", str, where))
             names[call_id] = name
             _assistant(messages, reasoning).tool_calls.append(ToolCall(id=call_id, name=name, arguments=args))

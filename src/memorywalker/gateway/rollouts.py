@@ -23,7 +23,6 @@ from memorywalker.gateway.harnesses import find_binary, run_harness
 from memorywalker.gateway.tasks import HarnessTask, verify
 from memorywalker.records.schema import Trajectory
 
-
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colours some harnesses print despite NO_COLOR
 
 

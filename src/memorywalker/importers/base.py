@@ -19,6 +19,7 @@ from typing import Any
 
 from memorywalker.records import RecordError, Trajectory, TrajectoryBuilder
 from memorywalker.records.limits import RecordLimits, check_size, loads
+from memorywalker.render.toolcalls import arguments_from_text
 
 IMPORT_REASONS: dict[str, str] = {
     "unreadable_file": "the file could not be opened or decoded",
@@ -321,12 +322,8 @@ def parse_arguments(args: Any) -> dict | str:
     """Tool-call arguments as a dict; the raw string when it is not a JSON object."""
     if isinstance(args, dict):
         return args
-    if isinstance(args, str):
-        try:
-            parsed = loads_deep_limited(args)
-        except (json.JSONDecodeError, RecordError):  # not JSON, or hostile nesting: kept as the raw string
-            return args
-        return parsed if isinstance(parsed, dict) else args
+    if isinstance(args, str):  # not JSON, or hostile nesting (a RecordError): kept as the raw string
+        return arguments_from_text(args, loads_deep_limited)
     return {} if args is None else str(args)
 
 

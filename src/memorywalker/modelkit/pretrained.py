@@ -23,13 +23,14 @@ while its manifest names the same source file (name, size, sha256) and the same 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from memorywalker.fileio import file_sha256
 
 MANIFEST = "memorywalker-model.json"
 
@@ -91,20 +92,12 @@ def source_file(m: PackagedModel) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _source_record(m: PackagedModel, path: Path) -> dict:
     import transformers
 
     return {"name": m.name, "package": m.package,
             "package_version": importlib.metadata.version(m.package), "file": m.file,
-            "size": path.stat().st_size, "sha256": _sha256(path), "quantization": m.quantization,
+            "size": path.stat().st_size, "sha256": file_sha256(path), "quantization": m.quantization,
             "dequantized": f"fp32 dequantization of the {m.quantization} GGUF (not the original bf16 weights)",
             "transformers_version": transformers.__version__}
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,18 +40,27 @@ class ParsedResponse:
     error: str | None = None  # "no tool call" | "malformed tool call at ..." (then tool_calls is empty)
 
 
+def arguments_from_text(raw: str, loads: Callable[[str], Any] = json.loads) -> dict[str, Any] | str:
+    """Tool-call arguments sent as JSON text: the dict when it is a JSON object, else the raw text
+    (``loads`` may refuse hostile input with any ``ValueError``: the raw text too).
+
+    >>> arguments_from_text('{"page": "orvo"}'), arguments_from_text('[1]'), arguments_from_text('{"page": ')
+    ({'page': 'orvo'}, '[1]', '{"page": ')
+    """
+    try:
+        value = loads(raw)
+    except ValueError:  # json.JSONDecodeError is one
+        return raw
+    return value if isinstance(value, dict) else raw
+
+
 def call_arguments(arguments: dict[str, Any] | str) -> dict[str, Any] | None:
     """The arguments to execute: the dict, the raw text parsed as a JSON object, or None if it is not one.
 
     >>> call_arguments('{"page":"orvo"}'), call_arguments('{"page": ')
     ({'page': 'orvo'}, None)
     """
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError:
-        return None
+    value = arguments if isinstance(arguments, dict) else arguments_from_text(arguments)
     return value if isinstance(value, dict) else None
 
 
@@ -71,14 +81,9 @@ def parse_response(text: str) -> ParsedResponse:
 
 
 def _arguments(raw: str) -> dict[str, Any] | str:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
     # The template re-renders a dict with json.dumps; keep the dict only if that is byte-identical.
-    if isinstance(value, dict) and json.dumps(value, ensure_ascii=False) == raw:
-        return value
-    return raw
+    value = arguments_from_text(raw)
+    return value if isinstance(value, dict) and json.dumps(value, ensure_ascii=False) == raw else raw
 
 
 def parse_text_only(text: str) -> ParsedResponse:

@@ -34,7 +34,6 @@ Grading (:func:`grade`), with ``E`` the query's evidence ids, ``O`` the document
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -45,6 +44,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from memorywalker import fileio
 from memorywalker.rollout.env import exact_match
 
 # canonical field -> accepted names, in order of preference
@@ -109,11 +109,7 @@ def grade(answer: str, answers: list[str] | tuple[str, ...], *, opened: set[str]
 
 def file_sha256(path: str | os.PathLike) -> str:
     """The first 16 hex digits of the file's SHA-256 (what a record pins the file by)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    return fileio.file_sha256(path)[:16]
 
 
 def iter_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:

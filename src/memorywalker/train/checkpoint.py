@@ -25,7 +25,6 @@ resume has loaded its checkpoint (the run dir's lock guarantees no other process
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from memorywalker.fileio import naming
+from memorywalker.fileio import file_sha256, naming
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what a checkpoint must hold
@@ -51,15 +50,6 @@ DCP_DIR = "dcp"  # a sharded checkpoint's folder of .distcp files
 
 class CheckpointError(ValueError):
     """No checkpoint to trust where one was expected; the message names the run dir or the file."""
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_checkpoint(path: str | Path) -> str | None:

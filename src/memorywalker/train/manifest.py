@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from memorywalker.train.checkpoint import file_sha256
+from memorywalker.fileio import file_sha256
 
 MANIFEST_NAME = "training_manifest.json"
 

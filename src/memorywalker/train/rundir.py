@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from memorywalker.fileio import naming, write_text_atomic
+from memorywalker.fileio import file_sha256, naming, write_text_atomic
 from memorywalker.train.config import ConfigError
 
 RUN_ARTIFACTS = ("config.json", "metrics.jsonl", "checkpoints", "final")
@@ -199,8 +199,7 @@ def input_hashes(tokenizer, trajectories=None, **files: str | Path | None) -> di
     template. Kept in every checkpoint, compared on resume (:func:`check_resumed`)."""
     import hashlib
 
-    from memorywalker.train.checkpoint import file_sha256
-    from memorywalker.train.refcache import template_hash, tokenizer_hash
+    from memorywalker.train.refcache import template_hash, tokenizer_hash  # refcache loads torch: on use only
 
     out = {"tokenizer": tokenizer_hash(tokenizer), "chat_template": template_hash(tokenizer)}
     out.update({name: file_sha256(p) for name, p in files.items() if p})

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -43,18 +42,18 @@ from memorywalker.objectives.preference import dpo_loss
 from memorywalker.render import Renderer
 from memorywalker.train.adapter import (
     engine_model,
-    is_adapted,
-    write_adapter_manifest,
 )
-from memorywalker.train.checkpoint import restore, save_checkpoint, save_final
+from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
-from memorywalker.train.distributed import barrier, device_for, init_distributed
+from memorywalker.train.distributed import device_for
+from memorywalker.train.fsdp import save_step
 from memorywalker.train.inputs import FitsModel, model_positions, read_records
 from memorywalker.train.logging import MetricsLogger, wandb_options
-from memorywalker.train.manifest import record_rows, write_training_manifest
+from memorywalker.train.manifest import record_rows
 from memorywalker.train.model import load_model, load_tokenizer
+from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import RefCache, ref_settings, reference_sums, weights_hash
-from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -188,11 +187,8 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
 def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResult:
 
     # --- setup: ranks, inputs (checked before the model loads) ----------------------------------------
-    info = init_distributed()
+    info, run_dir = begin(cfg)  # ranks; the run dir checked on every rank
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
-    run_dir = Path(cfg.run_dir)
-    check_run_dir(cfg)
-    barrier()
     if trajectories is None and cfg.data is None:
         raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
     # The tokenizer first: out-of-vocabulary ids and over-long calls are set aside before the model loads.
@@ -271,30 +267,20 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", margin=f"{metrics['margin']:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if info.is_main:
-                save_checkpoint(run_dir, step + 1, model, optimizer, {"data_position": (step + 1) * cfg.batch_size,
-                                                                      "num_pairs": len(admitted), "inputs": inputs},
-                                keep=cfg.keep_checkpoints)
-            barrier()
+            save_step(run_dir, step + 1, model, optimizer, {"data_position": (step + 1) * cfg.batch_size,
+                                                            "num_pairs": len(admitted), "inputs": inputs},
+                      keep=cfg.keep_checkpoints, info=info)
     bar.close()
     logger.close()
 
     # --- final model, adapter manifest, training manifest ------------------------------------------------
-    if info.is_main:
-        final = save_final(run_dir, model, tokenizer, {"recipe": "dpo", "steps": cfg.steps})
-        if is_adapted(model):
-            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
-                                   tokenizer=tokenizer, dtype=cfg.dtype, data=[p for p in (cfg.data, cfg.pairs) if p])
-        used = {t for p in admitted for t in (p.chosen.id, p.rejected.id)}
-        write_training_manifest(
-            run_dir, recipe="dpo", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
-            inputs=[p for p in (cfg.data, cfg.pairs) if p],
-            records=record_rows([t for t in trajectories if t.id in used]),
-            target_rule={"scored": cfg.scored, "truncated": cfg.truncated, "selected": "selected calls' responses"},
-            extra={"pairs": [{"chosen": p.chosen.id, "rejected": p.rejected.id, "branch_call": p.branch_call,
-                              "branch_token": p.branch_token} for p in admitted],
-                   "rejected_pairs": rejected})
-    barrier()
+    used = {t for p in admitted for t in (p.chosen.id, p.rejected.id)}
+    finish(cfg, info, model, tokenizer, recipe="dpo", steps=cfg.steps, base_hash=base_hash,
+           inputs=[p for p in (cfg.data, cfg.pairs) if p], records=record_rows([t for t in trajectories if t.id in used]),
+           target_rule={"scored": cfg.scored, "truncated": cfg.truncated, "selected": "selected calls' responses"},
+           extra={"pairs": [{"chosen": p.chosen.id, "rejected": p.rejected.id, "branch_call": p.branch_call,
+                             "branch_token": p.branch_token} for p in admitted],
+                  "rejected_pairs": rejected})
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 
 

@@ -46,7 +46,6 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -60,18 +59,16 @@ from memorywalker.rollout.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.train.adapter import (
     engine_model,
-    is_adapted,
     merged_state_dict,
-    write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
-from memorywalker.train.distributed import barrier, device_for, gather_objects, init_distributed
-from memorywalker.train.fsdp import gathered, save_model, save_step
+from memorywalker.train.distributed import device_for, gather_objects
+from memorywalker.train.fsdp import gathered, save_step
 from memorywalker.train.logging import MetricsLogger, wandb_options
-from memorywalker.train.manifest import write_training_manifest
 from memorywalker.train.model import load_model
+from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import weights_hash
-from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -115,11 +112,8 @@ def rollout_policy(cfg: RLConfig, model, tokenizer, info, stop_ids: list[int] | 
 def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack) -> TrainResult:
 
     # --- setup: ranks, model, optimizer, resume -------------------------------------------------------
-    info = init_distributed(cfg.collective_timeout)
+    info, run_dir = begin(cfg)  # ranks; the run dir checked on every rank
     check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
-    run_dir = Path(cfg.run_dir)
-    check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
-    barrier()  # every rank checks before rank 0 writes config.json
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
@@ -235,18 +229,11 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    save_model(run_dir, model, tokenizer, {"recipe": "rl", "steps": cfg.steps}, info)  # fsdp: consolidated
-    if info.is_main:
-        final = run_dir / "final"
-        if is_adapted(model):
-            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
-                                   tokenizer=tokenizer, dtype=cfg.dtype)
-        write_training_manifest(run_dir, recipe="rl", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
-                                records=[{"id": r["id"], "split": cfg.split, "parent": None} for r in collected],
-                                target_rule={"truncated": cfg.truncated, "selected": "act calls' responses"},
-                                extra={"tasks": cfg.tasks, "harness": cfg.harness} if cfg.tasks else
-                                {"env": cfg.env, "suite": cfg.suite, "compressor": cfg.compressor})
-    barrier()
+    finish(cfg, info, model, tokenizer, recipe="rl", steps=cfg.steps, base_hash=base_hash,
+           records=[{"id": r["id"], "split": cfg.split, "parent": None} for r in collected],
+           target_rule={"truncated": cfg.truncated, "selected": "act calls' responses"},
+           extra={"tasks": cfg.tasks, "harness": cfg.harness} if cfg.tasks else
+           {"env": cfg.env, "suite": cfg.suite, "compressor": cfg.compressor})
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=cfg.steps, metrics=history)
 
 

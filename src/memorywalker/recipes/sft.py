@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -31,19 +30,18 @@ from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.train.adapter import (
     engine_model,
-    is_adapted,
-    write_adapter_manifest,
 )
 from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
-from memorywalker.train.distributed import barrier, device_for, init_distributed
-from memorywalker.train.fsdp import gathered, save_model, save_step
+from memorywalker.train.distributed import device_for
+from memorywalker.train.fsdp import gathered, save_step
 from memorywalker.train.inputs import FitsModel, model_positions, read_records
 from memorywalker.train.logging import MetricsLogger, wandb_options
-from memorywalker.train.manifest import record_rows, write_training_manifest
+from memorywalker.train.manifest import record_rows
 from memorywalker.train.model import load_model, load_tokenizer
+from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import weights_hash
-from memorywalker.train.rundir import check_resumed, check_run_dir, input_hashes, owned_run_dir, record_config
+from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -81,11 +79,8 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
            until: Callable[[torch.nn.Module, int], bool] | None = None) -> TrainResult:
 
     # --- setup: ranks, inputs (checked before the model loads), model, optimizer, resume --------------
-    info = init_distributed(cfg.collective_timeout)
+    info, run_dir = begin(cfg)  # ranks; the run dir checked on every rank
     check_divisible(cfg.batch_size, info, cfg.grad_accum, "batch_size")
-    run_dir = Path(cfg.run_dir)
-    check_run_dir(cfg)  # a used run_dir needs --resume; a resume needs the recorded configuration
-    barrier()  # every rank checks before rank 0 writes config.json
     if trajectories is None and cfg.data is None:
         raise ConfigError("sft needs data=FILE (a trajectory JSONL) or trajectories passed to train()")
     # The tokenizer first: recorded ids it does not have, and calls longer than the model's positions,
@@ -159,16 +154,9 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    save_model(run_dir, model, tokenizer, {"recipe": "sft", "steps": done}, info)  # fsdp: consolidated
-    if info.is_main:
-        final = run_dir / "final"
-        if is_adapted(model):
-            write_adapter_manifest(final, cfg=cfg.adapter, base_model=cfg.model, base_hash=base_hash,
-                                   tokenizer=tokenizer, dtype=cfg.dtype, data=[cfg.data] if cfg.data else [])
-        write_training_manifest(run_dir, recipe="sft", cfg=cfg, tokenizer=tokenizer, base_model_hash=base_hash,
-                                inputs=[cfg.data] if cfg.data else [], records=record_rows(trajectories),
-                                target_rule={"truncated": cfg.truncated, "selected": "selected calls' responses"})
-    barrier()
+    finish(cfg, info, model, tokenizer, recipe="sft", steps=done, base_hash=base_hash,
+           inputs=[cfg.data] if cfg.data else [], records=record_rows(trajectories),
+           target_rule={"truncated": cfg.truncated, "selected": "selected calls' responses"})
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=done, metrics=history)
 
 

@@ -201,3 +201,21 @@ def test_the_gpu_script_skips_cleanly_without_a_gpu():
     p = subprocess.run([sys.executable, str(script), "--model", "/nonexistent"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "no GPU here" in p.stdout and "skipped" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_sandbox_sees_this_machines_files_read_only_and_writes_only_its_workdir_and_home(tmp_path):
+    """Under bubblewrap a session reads any file here (a script under /tmp: this test's tmp_path), writes its
+    workdir (at the fixed path), its HOME and $TMPDIR, and nothing else (/tmp and the script's folder are
+    read-only)."""
+    from memorywalker.gateway.harnesses import SANDBOX_WORK, sandbox_available, workspace
+
+    if sandbox_available() is None:
+        pytest.skip("bubblewrap is not installed")
+    (tmp_path / "script.sh").write_text("echo from-script\n")
+    ws = workspace(tmp_path / "work", sandbox=True)
+    argv, cwd = ws.wrap(["bash", "-c", f"bash {tmp_path}/script.sh; pwd; echo a > here.txt; touch ~/h $TMPDIR/t && "
+                                       f"echo written; touch /tmp/escape {tmp_path}/escape 2>/dev/null || echo refused"])
+    p = subprocess.run(argv, cwd=cwd, env=ws.env({}), capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["from-script", str(SANDBOX_WORK), "written", "refused"], p.stderr
+    assert (ws.workdir / "here.txt").read_text() == "a\n" and (ws.home / "h").exists()
+    assert not (tmp_path / "escape").exists() and not Path("/tmp/escape").exists()

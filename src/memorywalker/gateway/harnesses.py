@@ -19,11 +19,12 @@ auto-compaction threshold (so a short session reaches it). Checked with the pinn
   ``$MEMORYWALKER_PROMPT``, the gateway in ``$MEMORYWALKER_BASE_URL`` (also ``OPENAI_BASE_URL`` ending in
   ``/v1`` and ``ANTHROPIC_BASE_URL``), the model's name in ``$MEMORYWALKER_MODEL``. No compaction setting.
 
-``sandbox=True`` runs the process under bubblewrap (``bwrap``): the filesystem read-only but for the
-session's workdir and HOME, mounted at the same paths in every session (:data:`SANDBOX_WORK`,
-:data:`SANDBOX_HOME`) so that the prompts of one task's sessions are identical token for token; the
-process sees its own PIDs and dies with its parent. The network is shared (the gateway is on loopback):
-the sandbox guards the machine's files, not its network.
+``sandbox=True`` runs the process under bubblewrap (``bwrap``): the filesystem read-only (``/tmp``
+included: ``$TMPDIR`` is inside the session's HOME) but for the session's workdir and HOME, mounted at
+the same paths in every session (:data:`SANDBOX_WORK`, :data:`SANDBOX_HOME`) so that the prompts of one
+task's sessions are identical token for token; the process sees its own PIDs and dies with its parent.
+The network is shared (the gateway is on loopback): the sandbox guards the machine's files, not its
+network.
 """
 
 from __future__ import annotations
@@ -55,14 +56,19 @@ def sandbox_available() -> str | None:
 
 
 def sandboxed(argv: list[str], workdir: Path, home: Path) -> list[str]:
-    """``argv`` under bubblewrap, ``workdir`` and ``home`` mounted read-write at :data:`SANDBOX_WORK` and
-    :data:`SANDBOX_HOME`, everything else read-only, a private ``/tmp`` and PID namespace."""
+    """``argv`` under bubblewrap: this machine's files read-only, ``workdir`` and ``home`` mounted read-write
+    at :data:`SANDBOX_WORK` and :data:`SANDBOX_HOME` (``$TMPDIR`` inside the HOME), a private PID namespace.
+    The mount points are made here first (empty directories): a read-only root cannot get new ones."""
     bwrap = sandbox_available()
     if bwrap is None:
         raise FileNotFoundError("bwrap (bubblewrap) is not installed: `apt-get install bubblewrap`, or run unsandboxed")
-    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    for d in (SANDBOX_WORK, SANDBOX_HOME):
+        d.mkdir(parents=True, exist_ok=True)
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", str(workdir), str(SANDBOX_WORK), "--bind", str(home), str(SANDBOX_HOME),
-            "--chdir", str(SANDBOX_WORK), "--unshare-pid", "--die-with-parent", "--", *argv]
+            "--chdir", str(SANDBOX_WORK), "--setenv", "TMPDIR", str(SANDBOX_HOME / "tmp"),
+            "--unshare-pid", "--die-with-parent", "--", *argv]
 
 
 @dataclass

@@ -40,7 +40,7 @@ def test_expert_and_hf_policy_records_validate_with_evictions(tmp_path, kit, har
     scores 0, and the grade re-derived from each record equals its reward."""
     tok_dir, model_dir = kit
     expert, hf = tmp_path / "expert.jsonl", tmp_path / "hf.jsonl"
-    common = ["--harness", harness, "--budget", "700"]
+    common = ["--compressor", harness, "--budget", "700"]
     _rollout(expert, tok_dir, *common, "--n", "8")
     _rollout(hf, tok_dir, *common, "--n", "2", "--max-steps", "3", "--max-new-tokens", "16",
              "--policy", f"hf:{model_dir}")
@@ -64,9 +64,9 @@ def test_resume_appends_and_refuses_another_corpus(tmp_path, kit, tokenizer):
     (half a line) resumes to the same bytes; the same file with another corpus is refused."""
     tok_dir = kit[0]
     out, whole = tmp_path / "r.jsonl", tmp_path / "whole.jsonl"
-    _rollout(out, tok_dir, "--harness", "opencode", "--n", "3")
-    _rollout(out, tok_dir, "--harness", "opencode", "--n", "5")
-    _rollout(whole, tok_dir, "--harness", "opencode", "--n", "5")
+    _rollout(out, tok_dir, "--compressor", "opencode", "--n", "3")
+    _rollout(out, tok_dir, "--compressor", "opencode", "--n", "5")
+    _rollout(whole, tok_dir, "--compressor", "opencode", "--n", "5")
     assert out.read_bytes() == whole.read_bytes()
     assert [t.task.id for t in read_trajectories(out)] == ["q1", "q2", "q3", "q4", "q5"]
     lines = whole.read_bytes().splitlines(keepends=True)
@@ -78,7 +78,7 @@ def test_resume_appends_and_refuses_another_corpus(tmp_path, kit, tokenizer):
     docs.write_bytes(tiny_corpus()[0].read_bytes())
     queries.write_bytes(tiny_corpus()[1].read_bytes())
     res = runner.invoke(app, ["rollout", "--env", "corpus", "--corpus", str(docs), "--queries", str(queries),
-                              "--harness", "opencode", "--n", "6", "-o", str(out), "--tokenizer", str(tok_dir),
+                              "--compressor", "opencode", "--n", "6", "-o", str(out), "--tokenizer", str(tok_dir),
                               "--no-progress"])
     assert res.exit_code == 2 and "different configuration" in res.output and "env.corpus" in res.output
 

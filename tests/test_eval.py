@@ -218,7 +218,7 @@ def test_eval_cli_two_checkpoints_report_is_recomputed_from_episodes(two_checkpo
     assert res.exit_code == 0, res.output
     assert "paired: model - baseline" in res.output and "97.50% = Bonferroni 0.05/2" in res.output
     report = json.loads((out / "report.json").read_text())
-    assert report["config"]["temperature"] == 0.0 and report["harness"]["max_steps"] == 2
+    assert report["config"]["temperature"] == 0.0 and report["compressor"]["max_steps"] == 2
     p = report["paired"]
     assert (p["comparisons"], p["alpha_each"]) == (2, 0.025)
     z = z_of(0.05)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.cli import renamed
+
 
 def bench_rollouts(
     model: Path = typer.Option(None, "--model", exists=True, file_okay=False,
@@ -37,7 +39,8 @@ def bench_rollouts(
                                    help="tokenizer dir with a chat template (default: the model's)"),
     env: str = typer.Option("vault", help="environment: vault | websearch | corpus (suite all)"),
     suite: str = typer.Option("recall-2", help="task suite of the environment"),
-    harness: str = typer.Option("claude-code", help="compression policy"),
+    compressor: str = renamed.compressor_option("claude-code", "a name of memorywalker.rollout.COMPRESSORS"),
+    harness: str = renamed.old_harness_option(),
     budget: int = typer.Option(260, help="context budget (prompt tokens)"),
     tasks: int = typer.Option(4, min=1, help="tasks (GRPO groups)"),
     group: int = typer.Option(8, min=1, help="episodes per task"),
@@ -51,6 +54,7 @@ def bench_rollouts(
     dtype: str = typer.Option("float32", help="float32 | bfloat16: both samplers' dtype"),
 ) -> None:
     """Seconds to roll out the same episodes one by one and in lockstep (and with --vllm through vLLM)."""
+    harness = renamed.compressor(compressor, harness, "claude-code", "memorywalker bench rollouts")
     # the vLLM row first: an engine that cannot start fails before the minutes of the HF rows
     row = run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                        budget=budget, tasks=tasks, group=group, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -121,7 +125,7 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
                 break
             diff = max([diff, *(abs(x - y) for x, y in zip(ca.rollout_logprobs, cb.rollout_logprobs, strict=True))])
     s, lk = statistics.median(times["one_by_one"]), statistics.median(times["lockstep"])
-    return {"config": {"model": str(model_dir), "env": env_name, "suite": suite, "harness": harness, "budget": budget,
+    return {"config": {"model": str(model_dir), "env": env_name, "suite": suite, "compressor": harness, "budget": budget,
                        "tasks": tasks, "group": group, "temperature": temperature, "max_new_tokens": max_new_tokens,
                        "max_turns": max_turns, "repeats": repeats, "seed": seed, "dtype": dtype},
             "episodes": len(jobs), "calls": sum(len(t.calls) for t in lock),

@@ -1,6 +1,6 @@
 """``memorywalker dagger``: DAgger rounds on the web-search world (memorywalker.recipes.dagger).
 
-    memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --harness claude-code -o runs/dagger
+    memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --compressor claude-code -o runs/dagger
 
 Writes ``OUT/rollouts-k.jsonl`` (the mixed-policy episodes), ``OUT/labels-k.jsonl`` (verified labels as
 derived records), ``OUT/sft-k/`` (the retrained learner), ``OUT/eval-round-k.jsonl`` and ``OUT/report.json``.
@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
+from memorywalker.cli import renamed
+from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,8 +29,9 @@ def dagger_cmd(
     betas: str = typer.Option("1,0", "--betas", help="beta_k per round, comma-separated (last repeats): "
                               "P(execute the labeler's action)"),
     labeler: str = typer.Option("expert", "--labeler", help="expert | hf:DIR | openai:URL"),
-    harness: str = typer.Option("claude-code", "--harness", help="compression policy of the rollouts"),
-    budget: int = typer.Option(1024, "--budget", help="harness context budget in prompt tokens"),
+    compressor: str = renamed.compressor_option("claude-code", " | ".join(COMPRESSORS)),
+    harness: str = renamed.old_harness_option(),
+    budget: int = typer.Option(1024, "--budget", help="context budget in prompt tokens the compressor keeps to"),
     max_steps: int = typer.Option(8, "--max-steps", help="act calls per episode"),
     eval_n: int = typer.Option(8, "--eval-n", min=1, help="held-out tasks evaluated each round"),
     sft_steps: int = typer.Option(20, "--sft-steps", min=1, help="SFT steps per retraining"),
@@ -40,12 +44,13 @@ def dagger_cmd(
     import json
 
     from memorywalker.recipes.dagger import DaggerConfig, run_dagger
-    from memorywalker.rollout import COMPRESSORS, SUITES
+    from memorywalker.rollout import SUITES
 
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-    if harness not in COMPRESSORS:
-        raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
+    compressor = renamed.compressor(compressor, harness, "claude-code", "memorywalker dagger")
+    if compressor not in COMPRESSORS:
+        raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     try:
         beta_list = tuple(float(b) for b in betas.split(","))
         size = {k: int(v) for k, v in (kv.split("=") for kv in world_size.split(",") if kv)}
@@ -61,7 +66,7 @@ def dagger_cmd(
 
         tok_dir, model_dir = default_kit()
         model, tokenizer_dir = str(model_dir), str(tok_dir)
-    cfg = DaggerConfig(suite=suite, rounds=rounds, n=n, betas=beta_list, labeler=labeler, harness=harness,
+    cfg = DaggerConfig(suite=suite, rounds=rounds, n=n, betas=beta_list, labeler=labeler, compressor=compressor,
                        budget=budget, max_steps=max_steps, eval_n=eval_n, sft_steps=sft_steps, sft_lr=sft_lr,
                        world_size=size, seed=seed)
     report = run_dagger(cfg, model, output, tokenizer_dir=tokenizer_dir, progress=progress)

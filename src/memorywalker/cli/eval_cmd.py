@@ -1,7 +1,7 @@
 """``memorywalker eval``: closed-loop evaluation of a checkpoint, optionally paired against a baseline.
 
     memorywalker eval --model runs/demo/rl-sdcc/final --baseline runs/demo/sft-sdcc/final --env vault \\
-        --suites recall-2,recall-3 --harness claude-code --budget 260 --max-steps 6 --max-new-tokens 64 --n 16 -o eval/
+        --suites recall-2,recall-3 --compressor claude-code --budget 260 --max-steps 6 --max-new-tokens 64 --n 16 -o eval/
 
 Writes ``DIR/report.json`` and the episodes (``DIR/model-<suite>.jsonl``, ``DIR/baseline-<suite>.jsonl``)
 and prints the tables. docs/eval.md defines every number.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import typer
 
-from memorywalker.rollout.compress import COMPRESSORS  # the harness registry (light: no model code)
+from memorywalker.cli import renamed
+from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,13 +43,14 @@ def eval_cmd(
     model: str = typer.Option(..., "--model", help="model dir, adapter dir (with adapter_manifest.json) or expert"),
     baseline: str = typer.Option(None, "--baseline", help="model dir, adapter dir or expert: paired comparison"),
     suite: str = typer.Option(..., "--suite", "--suites", help="suite or comma-separated suites (each reported)"),
-    harness: str = typer.Option("none", "--harness", help=" | ".join(COMPRESSORS)),
+    compressor: str = renamed.compressor_option("none", " | ".join(COMPRESSORS)),
+    harness: str = renamed.old_harness_option(),
     output: Path = typer.Option(..., "-o", "--output", help="directory for report.json and the episodes"),
     n: int = typer.Option(16, "--n", min=1, help="tasks per suite"),
     samples: int = typer.Option(1, "--samples", min=1, help="episodes per task"),
     seed: int = typer.Option(0, "--seed", help="run seed (episode seeds and the bootstrap derive from it)"),
     split: str = typer.Option("test", "--split", help="train | valid | test | all"),
-    budget: int = typer.Option(2048, "--budget", help="harness context budget in prompt tokens"),
+    budget: int = typer.Option(2048, "--budget", help="context budget in prompt tokens the compressor keeps to"),
     max_steps: int = typer.Option(32, "--max-steps", min=1, help="act calls per episode (running out = failure)"),
     max_context: int = typer.Option(8192, "--max-context", help="hard context window in tokens"),
     env: str = typer.Option("websearch", "--env", help="environment: websearch | vault"),
@@ -63,7 +65,7 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="print report.json instead of the tables"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
-    """Run a checkpoint (and a baseline) on suites under a harness; report acceptance, call validity, cost."""
+    """Run a checkpoint (and a baseline) on suites under a compressor; report acceptance, call validity, cost."""
     from rich.console import Console
 
     from memorywalker.eval.evaluate import EvalConfig, evaluate, load_candidate, report_tables
@@ -81,11 +83,12 @@ def eval_cmd(
         raise typer.BadParameter(f"--world-size applies to --env websearch only, not {env}")
     if len(set(suites)) != len(suites):
         raise typer.BadParameter(f"--suites lists a suite twice: {suite}")
-    if harness not in COMPRESSORS:
-        raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
+    compressor = renamed.compressor(compressor, harness, "none", "memorywalker eval")
+    if compressor not in COMPRESSORS:
+        raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in ("train", "valid", "test", "all"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test, all")
-    cfg = EvalConfig(suites=suites, harness=harness, budget=budget, max_steps=max_steps, max_context=max_context,
+    cfg = EvalConfig(suites=suites, compressor=compressor, budget=budget, max_steps=max_steps, max_context=max_context,
                      n=n, samples=samples, seed=seed, split=None if split == "all" else split, env=env, world_seed=world_seed,
                      world_size=parse_world_size(world_size), temperature=temperature,
                      max_new_tokens=max_new_tokens, alpha=alpha, resamples=resamples, device=device)

@@ -1,12 +1,12 @@
-"""``memorywalker rollout``: episodes of an environment suite under a harness compression policy.
+"""``memorywalker rollout``: episodes of an environment suite under a compression policy (``--compressor``).
 
-    memorywalker rollout --env websearch --suite chain --harness claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
-    memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --harness opencode --n 8 -o corpus.jsonl
+    memorywalker rollout --env websearch --suite chain --compressor claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
+    memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --compressor opencode --n 8 -o corpus.jsonl
     memorywalker rollout --env vault --suite recall-2 --policy vllm:MODEL_DIR --n 16 --samples 4 -o vault.jsonl
 
 Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
 it stopped, without duplicating or losing episodes. Resuming checks that the file's episodes were run
-with the same environment, harness and policy settings (``--override-config`` appends anyway).
+with the same environment, compressor and policy settings (``--override-config`` appends anyway).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import typer
 
-from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS  # the harness and environment registries
+from memorywalker.cli import renamed
+from memorywalker.cli.renamed import compressor_option, old_harness_option
+from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS  # the compressor and environment registries
 from memorywalker.rollout.backends import SPECS
 
 _SUITES = "; ".join(f"{name}: {' | '.join(env.suites)}" for name, env in ENVIRONMENTS.items())
@@ -30,7 +32,8 @@ def rollout_cmd(
     corpus: Path = typer.Option(None, "--corpus", help="corpus env: documents JSONL or Parquet (default: the shipped tiny corpus)"),
     queries: Path = typer.Option(None, "--queries", help="corpus env: queries JSONL or Parquet (with --corpus)"),
     index_cache: Path = typer.Option(None, "--index-cache", help="corpus env: save the BM25 index here once, reuse it after"),
-    harness: str = typer.Option("none", "--harness", help=" | ".join(COMPRESSORS)),
+    compressor: str = compressor_option("none", " | ".join(COMPRESSORS)),
+    harness: str = old_harness_option(),
     policy: str = typer.Option("expert", "--policy", help=SPECS),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
     seed: int = typer.Option(0, "--seed", help="run seed (episode seeds derive from it)"),
@@ -82,8 +85,9 @@ def rollout_cmd(
     suite = suite or ENVIRONMENTS[env].suites[0]
     if suite not in ENVIRONMENTS[env].suites:
         raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
-    if harness not in COMPRESSORS:
-        raise typer.BadParameter(f"unknown harness {harness!r}; valid: {', '.join(COMPRESSORS)}")
+    compressor = renamed.compressor(compressor, harness, "none", "memorywalker rollout")
+    if compressor not in COMPRESSORS:
+        raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
         raise typer.BadParameter(f"unknown split {split!r}; valid: train, valid, test")
     env_files = {"corpus": corpus, "queries": queries, "index_cache": index_cache} if env == "corpus" else {}
@@ -104,7 +108,7 @@ def rollout_cmd(
         if kind == "vllm":
             max_context = _fit_vllm(arg, max_context, max_new_tokens, max_model_len)
             window = max_model_len or max_context + max_new_tokens
-            if max_context + max_new_tokens > window:  # the harness would send prompts the engine refuses
+            if max_context + max_new_tokens > window:  # the episodes would send prompts the engine refuses
                 raise typer.BadParameter(f"--max-context {max_context} + --max-new-tokens {max_new_tokens} exceeds "
                                          f"--max-model-len {window}: a call could not fit the engine's window",
                                          param_hint="--max-model-len")
@@ -124,7 +128,7 @@ def rollout_cmd(
 
             tokenizer = default_kit()[0]
     tok = AutoTokenizer.from_pretrained(tokenizer)
-    config = HarnessConfig(harness, budget=budget, watermark=watermark, keep_recent=keep_recent,
+    config = HarnessConfig(compressor, budget=budget, watermark=watermark, keep_recent=keep_recent,
                            max_steps=max_steps, max_context=max_context or HarnessConfig.max_context)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
         from memorywalker.rollout.faults import FaultConfig, FaultInjector
@@ -145,7 +149,7 @@ def rollout_cmd(
         if hasattr(pol, "close"):
             pol.close()  # a vllm engine's processes
 
-    table = Table(title=f"memorywalker rollout {env}/{suite} · {harness} · {policy}")
+    table = Table(title=f"memorywalker rollout {env}/{suite} · {compressor} · {policy}")
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("episodes written now", str(summary.written))

@@ -1,13 +1,13 @@
 """Closed-loop evaluation: run a checkpoint (and a baseline) on suites, count every trial, compare paired.
 
     memorywalker eval --model runs/demo/rl-sdcc/final --baseline runs/demo/sft/final \\
-        --suites lookup,bridge --harness claude-code --n 16 --split test -o eval/
+        --suites lookup,bridge --compressor claude-code --n 16 --split test -o eval/
 
 Every planned episode is a trial: the same tasks with the same per-episode seeds for the model and the
 baseline (the plan of :func:`memorywalker.rollout.plan`), each written to ``DIR/<label>-<suite>.jsonl``.
 The report (``DIR/report.json``) is computed from those episodes only
 (:mod:`memorywalker.metrics.closed_loop`), so a test can recompute it; it pins what was evaluated (weights,
-base, tokenizer and template hashes, decoding, harness, environment). docs/eval.md defines every number.
+base, tokenizer and template hashes, decoding, compressor, environment). docs/eval.md defines every number.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class EvalConfig:
     """What is evaluated and how; every field lands in the report."""
 
     suites: tuple[str, ...] = ("lookup",)  # each is evaluated separately (retention: suites not trained on)
-    harness: str = "none"  # compression policy of the harness (HarnessConfig.name)
-    budget: int = 2048  # harness context budget in prompt tokens
+    compressor: str = "none"  # compression policy of the episodes (HarnessConfig.name; was `harness`)
+    budget: int = 2048  # context budget in prompt tokens the compressor keeps to
     max_steps: int = 32  # act calls per episode: running out is a failure (budget exhaustion)
     max_context: int = 8192  # hard context window: overflowing it is a failure
     n: int = 16  # tasks per suite
@@ -204,7 +204,7 @@ def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candi
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
     env = make_env(cfg)
     cands = [c for c in (model, baseline) if c is not None]
     rows: dict[str, dict[str, list]] = {c.label: {} for c in cands}
@@ -251,7 +251,7 @@ def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands:
     report: dict[str, Any] = {
         "config": asdict(cfg),
         "environment": env_config,
-        "harness": harness_config,
+        "compressor": harness_config,
         "models": models,
     }
     if len(labels) == 2:
@@ -278,7 +278,7 @@ def report_tables(report: dict[str, Any]):
     def cost(x: float | None, total: int) -> str:
         return f"{x:.1f}" if x is not None else f"0 accepted, total {total}"
 
-    t = Table(title=f"memorywalker eval · harness {report['harness']['name']} · "
+    t = Table(title=f"memorywalker eval · compressor {report['compressor']['name']} · "
                     f"{int(100 * (1 - report['config']['alpha']))}% intervals")
     for col in ("model", "suite", "held out", "accepted", "acceptance [CI]", "valid", "malformed", "schema",
                 "undeclared", "truncated", "exec err", "SFA", "PRE", "tokens/accepted", "turns/accepted"):

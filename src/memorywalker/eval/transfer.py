@@ -39,7 +39,7 @@ def transfer_rows(cand: Candidate, cfg: EvalConfig, out: str | Path) -> dict[str
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
     env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
     rows: dict[str, dict[str, list[dict]]] = {}
     for regime, (renv, split) in regimes(env).items():

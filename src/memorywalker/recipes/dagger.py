@@ -1,6 +1,6 @@
 """DAgger recipe: label the states the learner visits, keep the verified labels, retrain, repeat.
 
-    memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --harness claude-code -o runs/dagger
+    memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --compressor claude-code -o runs/dagger
 
 Round ``k`` (Ross et al. 2011, https://arxiv.org/abs/1011.0686):
 
@@ -43,8 +43,8 @@ class DaggerConfig:
     n: int = 8  # training tasks rolled out per round
     betas: tuple[float, ...] = (1.0, 0.0)  # beta_k: P(execute the labeler's action) in round k; last repeats
     labeler: str = "expert"  # expert | hf:DIR | openai:URL (rollout.make_policy)
-    harness: str = "claude-code"  # compression policy of the rollouts
-    budget: int = 1024  # harness context budget in prompt tokens
+    compressor: str = "claude-code"  # compression policy of the rollouts (was `harness`)
+    budget: int = 1024  # context budget in prompt tokens the compressor keeps to
     max_steps: int = 8  # act calls per episode (rollouts, verification and evaluation)
     max_context: int = 8192
     temperature: float = 1.0  # learner sampling temperature in rollouts (evaluation is greedy)
@@ -85,7 +85,7 @@ class RoundReport:
 def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
     from memorywalker.eval.evaluate import EvalConfig, load_candidate, run_suite
 
-    ecfg = EvalConfig(suites=(cfg.suite,), harness=cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps,
+    ecfg = EvalConfig(suites=(cfg.suite,), compressor=cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps,
                       max_context=cfg.max_context, n=cfg.eval_n, seed=cfg.seed, split=cfg.eval_split,
                       world_seed=cfg.world_seed, world_size=cfg.world_size, temperature=0.0,
                       max_new_tokens=cfg.max_new_tokens, device=cfg.device)
@@ -113,7 +113,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     renderer = Renderer(tok)
     env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
     verify_env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
-    harness = HarnessConfig(cfg.harness, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
     rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
     base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)
     report: dict[str, Any] = {"config": asdict(cfg), "model": model_dir, "held_out_reward_before": base_reward,

@@ -1,6 +1,6 @@
 """``corpus``: search / open / answer over a fixed local document corpus (BrowseComp-Plus style).
 
-    memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --harness claude-code -o r.jsonl
+    memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --compressor claude-code -o r.jsonl
 
 Without ``--corpus``/``--queries`` it runs on the shipped tiny corpus
 (:func:`~memorywalker.rollout.corpus.tiny_corpus`). The file formats, the field mapping and the

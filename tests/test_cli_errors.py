@@ -196,7 +196,7 @@ def test_reader_without_rejects_file_holds_constant_memory(tmp_path):
 def test_rollout_refuses_to_append_under_another_configuration(tmp_path, kit):
     """Old code appended episodes of another world seed and budget to the same file."""
     out = tmp_path / "r.jsonl"
-    args = ["rollout", "--suite", "lookup", "--compressor", "claude-code", "--policy", "expert", "--n", "1",
+    args = ["rollout", "--suite", "lookup", "--compressor", "claude-code", "--sampler", "expert", "--n", "1",
             "-o", str(out), "--tokenizer", str(kit[0]), "--no-progress"]
     assert runner.invoke(app, args).exit_code == 0
     before = out.read_bytes()
@@ -223,11 +223,11 @@ def test_demo_methods_are_checked_before_the_run(tmp_path):
 
 # --- renamed options: --harness was the compressor's name --------------------------------------------
 
-def test_the_old_harness_option_still_works_with_a_line_naming_compressor(tmp_path, kit):
-    """``--harness`` named the compression policy before real harnesses ran (``memorywalker harness``):
-    rollout still takes it, says once on stderr to write ``--compressor``, and writes the same episode;
-    both spellings at once are a usage error (exit 2)."""
-    base = ["rollout", "--suite", "lookup", "--policy", "expert", "--n", "1", "--tokenizer", str(kit[0]), "--no-progress"]
+def test_the_old_option_names_still_work_with_a_line_naming_the_new_ones(tmp_path, kit):
+    """``--harness`` named the compression policy before real harnesses ran (``memorywalker harness``), and
+    ``--policy`` the sampler: rollout still takes them, says on stderr to write ``--compressor`` /
+    ``--sampler``, and writes the same episode; both spellings at once are a usage error (exit 2)."""
+    base = ["rollout", "--suite", "lookup", "--sampler", "expert", "--n", "1", "--tokenizer", str(kit[0]), "--no-progress"]
     new = runner.invoke(app, [*base, "--compressor", "opencode", "-o", str(tmp_path / "new.jsonl")])
     old = runner.invoke(app, [*base, "--harness", "opencode", "-o", str(tmp_path / "old.jsonl")])
     assert new.exit_code == old.exit_code == 0, old.output
@@ -235,3 +235,8 @@ def test_the_old_harness_option_still_works_with_a_line_naming_compressor(tmp_pa
     assert (tmp_path / "new.jsonl").read_bytes() == (tmp_path / "old.jsonl").read_bytes()
     both = runner.invoke(app, [*base, "--harness", "opencode", "--compressor", "none", "-o", str(tmp_path / "x.jsonl")])
     assert both.exit_code == 2 and "give --compressor only" in both.output
+    # --policy was the sampler's name: the same
+    base[base.index("--sampler")] = "--policy"
+    old = runner.invoke(app, [*base, "--compressor", "opencode", "-o", str(tmp_path / "policy.jsonl")])
+    assert old.exit_code == 0 and "--policy is now --sampler" in old.stderr, old.output
+    assert (tmp_path / "policy.jsonl").read_bytes() == (tmp_path / "new.jsonl").read_bytes()

@@ -43,7 +43,7 @@ def test_expert_and_hf_policy_records_validate_with_evictions(tmp_path, kit, har
     common = ["--compressor", harness, "--budget", "700"]
     _rollout(expert, tok_dir, *common, "--n", "8")
     _rollout(hf, tok_dir, *common, "--n", "2", "--max-steps", "3", "--max-new-tokens", "16",
-             "--policy", f"hf:{model_dir}")
+             "--sampler", f"hf:{model_dir}")
     for path, n in ((expert, 8), (hf, 2)):
         summary = _validate(path, tok_dir)
         assert (summary["read"], summary["accepted"], summary["rejected"]) == (n, n, 0)

@@ -110,7 +110,7 @@ def test_a_silent_server_times_out_per_request():
 def test_cli_rollout_against_a_dead_endpoint_is_one_line_and_leaves_no_file(tmp_path, kit):
     url = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "r.jsonl"
-    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--policy", f"openai:{url}", "--n", "1",
+    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--sampler", f"openai:{url}", "--n", "1",
                                    "--tokenizer", str(kit[0]), "-o", str(out), "--request-timeout", "0.5",
                                    "--retries", "0", "--no-progress"])
     lines = res.output.strip().splitlines()
@@ -155,7 +155,7 @@ def test_request_timeout_is_a_deadline_for_the_whole_answer(trickling_server):
 def test_cli_rollout_against_a_trickling_server_returns(trickling_server, tmp_path, kit):
     out = tmp_path / "r.jsonl"
     t0 = time.perf_counter()
-    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--policy", f"openai:{trickling_server}", "--n", "1",
+    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--sampler", f"openai:{trickling_server}", "--n", "1",
                                    "--tokenizer", str(kit[0]), "-o", str(out), "--request-timeout", "1",
                                    "--retries", "0", "--no-progress"])
     lines = res.output.strip().splitlines()
@@ -178,7 +178,7 @@ def test_cli_rollout_refuses_ids_the_tokenizer_does_not_have(foreign_vocab_serve
     """Old code wrote the ids with exit 0 (training on them then crashed). Now the first such answer
     stops the run with one line naming the id and the vocabulary size; nothing is written."""
     out = tmp_path / "r.jsonl"
-    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--policy", f"openai:{foreign_vocab_server}", "--n", "1",
+    res = CliRunner().invoke(app, ["rollout", "--suite", "lookup", "--sampler", f"openai:{foreign_vocab_server}", "--n", "1",
                                    "--tokenizer", str(kit[0]), "-o", str(out), "--retries", "0", "--no-progress"])
     lines = res.output.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1, res.output

@@ -82,7 +82,7 @@ def test_cli_rollout_resumes(tmp_path, kit):
     from memorywalker.records import read_trajectories
 
     out = tmp_path / "r.jsonl"
-    args = ["rollout", "--env", "websearch", "--suite", "navigation", "--compressor", "memex", "--policy", "expert",
+    args = ["rollout", "--env", "websearch", "--suite", "navigation", "--compressor", "memex", "--sampler", "expert",
             "--n", "3", "--seed", "0", "-o", str(out), "--tokenizer", str(kit[0]), "--no-progress"]
     r1 = CliRunner().invoke(app, args)
     assert r1.exit_code == 0, r1.output

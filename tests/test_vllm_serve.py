@@ -38,7 +38,7 @@ def server(served, tmp_path_factory):
 
 def test_openai_policy_against_vllm_serve_equals_hf_and_records_episodes(server, served, kit, tmp_path):
     """A token-id prompt: the returned ids' logprobs and top-5 equal the HF forward of prompt + response
-    within 1e-5. Then ``memorywalker rollout --policy openai:URL`` records 4 episodes whose every call's
+    within 1e-5. Then ``memorywalker rollout --sampler openai:URL`` records 4 episodes whose every call's
     rollout logprobs equal the HF forward of its recorded context + response within 1e-5."""
     from transformers import AutoModelForCausalLM
 
@@ -61,7 +61,7 @@ def test_openai_policy_against_vllm_serve_equals_hf_and_records_episodes(server,
 
     data = tmp_path / "ep.jsonl"
     proc = subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "rollout", "--env", "vault", "--suite", "recall-2",
-                           "--policy", f"openai:{url}", "--model", "kit", "--tokenizer", str(served), "--n", "2",
+                           "--sampler", f"openai:{url}", "--model", "kit", "--tokenizer", str(served), "--n", "2",
                            "--samples", "2", "--max-steps", "2", "--max-new-tokens", "8", "--max-context", "900",
                            "--no-progress", "-o", str(data)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -60,7 +60,7 @@ def test_rollout_in_lockstep_groups_writes_whole_episodes_in_plan_order(kit, tok
 
 
 def test_vllm_policy_without_vllm_is_one_line_naming_the_install(kit, tmp_path):
-    """Where vLLM is not installed (the default suite's environment), ``--policy vllm:DIR`` fails with
+    """Where vLLM is not installed (the default suite's environment), ``--sampler vllm:DIR`` fails with
     one line that names the install, exit 2, and writes nothing."""
     import importlib.util
     import subprocess
@@ -72,7 +72,7 @@ def test_vllm_policy_without_vllm_is_one_line_naming_the_install(kit, tmp_path):
         pytest.skip("vLLM is installed here")
     out = tmp_path / "x.jsonl"
     res = subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "rollout", "--env", "vault", "--suite", "recall-2",
-                          "--n", "1", "--policy", f"vllm:{kit[1]}", "-o", str(out)], capture_output=True, text=True,
+                          "--n", "1", "--sampler", f"vllm:{kit[1]}", "-o", str(out)], capture_output=True, text=True,
                          timeout=300)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr

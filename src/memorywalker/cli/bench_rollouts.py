@@ -39,8 +39,8 @@ def bench_rollouts(
                                    help="tokenizer dir with a chat template (default: the model's)"),
     env: str = typer.Option("vault", help="environment: vault | websearch | corpus (suite all)"),
     suite: str = typer.Option("recall-2", help="task suite of the environment"),
-    compressor: str = renamed.compressor_option("claude-code", "a name of memorywalker.rollout.COMPRESSORS"),
-    harness: str = renamed.old_harness_option(),
+    compressor: str = renamed.option("--compressor", "claude-code", "compression policy: a name of memorywalker.rollout.COMPRESSORS"),
+    harness: str = renamed.old_option("--compressor"),
     budget: int = typer.Option(260, help="context budget (prompt tokens)"),
     tasks: int = typer.Option(4, min=1, help="tasks (GRPO groups)"),
     group: int = typer.Option(8, min=1, help="episodes per task"),
@@ -54,7 +54,7 @@ def bench_rollouts(
     dtype: str = typer.Option("float32", help="float32 | bfloat16: both samplers' dtype"),
 ) -> None:
     """Seconds to roll out the same episodes one by one and in lockstep (and with --vllm through vLLM)."""
-    harness = renamed.compressor(compressor, harness, "claude-code", "memorywalker bench rollouts")
+    harness = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker bench rollouts")
     # the vLLM row first: an engine that cannot start fails before the minutes of the HF rows
     row = run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                        budget=budget, tasks=tasks, group=group, temperature=temperature, max_new_tokens=max_new_tokens,

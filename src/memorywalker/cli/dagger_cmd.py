@@ -29,8 +29,8 @@ def dagger_cmd(
     betas: str = typer.Option("1,0", "--betas", help="beta_k per round, comma-separated (last repeats): "
                               "P(execute the labeler's action)"),
     labeler: str = typer.Option("expert", "--labeler", help="expert | hf:DIR | openai:URL"),
-    compressor: str = renamed.compressor_option("claude-code", " | ".join(COMPRESSORS)),
-    harness: str = renamed.old_harness_option(),
+    compressor: str = renamed.option("--compressor", "claude-code", "compression policy: " + " | ".join(COMPRESSORS)),
+    harness: str = renamed.old_option("--compressor"),
     budget: int = typer.Option(1024, "--budget", help="context budget in prompt tokens the compressor keeps to"),
     max_steps: int = typer.Option(8, "--max-steps", help="act calls per episode"),
     eval_n: int = typer.Option(8, "--eval-n", min=1, help="held-out tasks evaluated each round"),
@@ -48,7 +48,7 @@ def dagger_cmd(
 
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-    compressor = renamed.compressor(compressor, harness, "claude-code", "memorywalker dagger")
+    compressor = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker dagger")
     if compressor not in COMPRESSORS:
         raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     try:

@@ -43,8 +43,8 @@ def eval_cmd(
     model: str = typer.Option(..., "--model", help="model dir, adapter dir (with adapter_manifest.json) or expert"),
     baseline: str = typer.Option(None, "--baseline", help="model dir, adapter dir or expert: paired comparison"),
     suite: str = typer.Option(..., "--suite", "--suites", help="suite or comma-separated suites (each reported)"),
-    compressor: str = renamed.compressor_option("none", " | ".join(COMPRESSORS)),
-    harness: str = renamed.old_harness_option(),
+    compressor: str = renamed.option("--compressor", "none", "compression policy: " + " | ".join(COMPRESSORS)),
+    harness: str = renamed.old_option("--compressor"),
     output: Path = typer.Option(..., "-o", "--output", help="directory for report.json and the episodes"),
     n: int = typer.Option(16, "--n", min=1, help="tasks per suite"),
     samples: int = typer.Option(1, "--samples", min=1, help="episodes per task"),
@@ -83,7 +83,7 @@ def eval_cmd(
         raise typer.BadParameter(f"--world-size applies to --env websearch only, not {env}")
     if len(set(suites)) != len(suites):
         raise typer.BadParameter(f"--suites lists a suite twice: {suite}")
-    compressor = renamed.compressor(compressor, harness, "none", "memorywalker eval")
+    compressor = renamed.value("--compressor", compressor, harness, "none", "memorywalker eval")
     if compressor not in COMPRESSORS:
         raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in ("train", "valid", "test", "all"):

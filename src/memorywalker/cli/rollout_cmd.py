@@ -1,12 +1,12 @@
 """``memorywalker rollout``: episodes of an environment suite under a compression policy (``--compressor``).
 
-    memorywalker rollout --env websearch --suite chain --compressor claude-code --policy expert --n 100 --seed 0 -o chain.jsonl
+    memorywalker rollout --env websearch --suite chain --compressor claude-code --sampler expert --n 100 --seed 0 -o chain.jsonl
     memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --compressor opencode --n 8 -o corpus.jsonl
-    memorywalker rollout --env vault --suite recall-2 --policy vllm:MODEL_DIR --n 16 --samples 4 -o vault.jsonl
+    memorywalker rollout --env vault --suite recall-2 --sampler vllm:MODEL_DIR --n 16 --samples 4 -o vault.jsonl
 
 Output is append-only trajectory JSONL: re-running the same command after an interruption resumes where
 it stopped, without duplicating or losing episodes. Resuming checks that the file's episodes were run
-with the same environment, compressor and policy settings (``--override-config`` appends anyway).
+with the same environment, compressor and sampler settings (``--override-config`` appends anyway).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 import typer
 
 from memorywalker.cli import renamed
-from memorywalker.cli.renamed import compressor_option, old_harness_option
 from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS  # the compressor and environment registries
 from memorywalker.rollout.backends import SPECS
 
@@ -32,9 +31,10 @@ def rollout_cmd(
     corpus: Path = typer.Option(None, "--corpus", help="corpus env: documents JSONL or Parquet (default: the shipped tiny corpus)"),
     queries: Path = typer.Option(None, "--queries", help="corpus env: queries JSONL or Parquet (with --corpus)"),
     index_cache: Path = typer.Option(None, "--index-cache", help="corpus env: save the BM25 index here once, reuse it after"),
-    compressor: str = compressor_option("none", " | ".join(COMPRESSORS)),
-    harness: str = old_harness_option(),
-    policy: str = typer.Option("expert", "--policy", help=SPECS),
+    compressor: str = renamed.option("--compressor", "none", "compression policy: " + " | ".join(COMPRESSORS)),
+    harness: str = renamed.old_option("--compressor"),
+    sampler: str = renamed.option("--sampler", "expert", "who writes the responses: " + SPECS),
+    policy: str = renamed.old_option("--sampler"),
     n: int = typer.Option(..., "--n", min=1, help="number of tasks"),
     seed: int = typer.Option(0, "--seed", help="run seed (episode seeds derive from it)"),
     output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL (appended to; resumable)"),
@@ -71,7 +71,7 @@ def rollout_cmd(
     fault_kinds: str = typer.Option("error,timeout,stale", "--fault-kinds", help="comma-separated fault kinds"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
-    """Roll out N tasks of a suite with a policy backend under a compression policy; record every call."""
+    """Roll out N tasks of a suite with a sampler under a compression policy; record every call."""
     from rich.console import Console
     from rich.table import Table
     from transformers import AutoTokenizer
@@ -85,7 +85,7 @@ def rollout_cmd(
     suite = suite or ENVIRONMENTS[env].suites[0]
     if suite not in ENVIRONMENTS[env].suites:
         raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
-    compressor = renamed.compressor(compressor, harness, "none", "memorywalker rollout")
+    compressor = renamed.value("--compressor", compressor, harness, "none", "memorywalker rollout")
     if compressor not in COMPRESSORS:
         raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
     if split not in (None, "train", "valid", "test"):
@@ -95,6 +95,7 @@ def rollout_cmd(
         raise typer.BadParameter(f"--corpus, --queries and --index-cache apply to --env corpus, not {env}")
     # Built once: the expert is the environment's. A bad corpus file fails here with FILE: line N: cause.
     environment = ENVIRONMENTS[env](world_seed=world_seed, **env_files)
+    policy = renamed.value("--sampler", sampler, policy, "expert", "memorywalker rollout")
     kind, _, arg = policy.partition(":")
     kwargs = {}
     if kind in ("hf", "openai", "vllm"):
@@ -122,7 +123,7 @@ def rollout_cmd(
         if kind in ("hf", "vllm"):
             tokenizer = Path(arg)
         elif kind == "openai":
-            raise typer.BadParameter("--policy openai:URL needs --tokenizer DIR (the served model's tokenizer)")
+            raise typer.BadParameter("--sampler openai:URL needs --tokenizer DIR (the served model's tokenizer)")
         else:
             from memorywalker.modelkit import default_kit
 

@@ -57,3 +57,20 @@ def test_rl_harness_names_a_real_harness_with_tasks_and_the_compressor_without(t
         load_config(RLConfig, None, ["harness=codex", "compressor=none"])
     with pytest.raises(ConfigError, match="script= scores the scripted responses"):
         load_config(RLConfig, None, ["tasks=t.jsonl", "harness=codex", "script=s.yaml", "rollout_engine=vllm"])
+
+
+def test_engine_config_carries_every_engine_field_a_recipe_config_has():
+    """Each engine setting is typed once (EngineConfig) and a recipe config's value reaches the engine:
+    RL's clipping, rollout correction and temperature too (rl.py used to list them by hand)."""
+    import dataclasses
+
+    from memorywalker.engine.config import EngineConfig
+
+    given = {"method": "dfs", "normalization": "call", "max_tokens": 1234, "clip_low": 0.1, "clip_high": 0.3,
+             "tis_cap": 3.0, "rollout_is_threshold": 4.0, "rollout_rs": "token", "rollout_rs_threshold": (0.25, 4.0),
+             "grpo_scale_by_std": False, "temperature": 0.7, "sdcc_lambda": 0.5, "sdcc_students": "all",
+             "sdcc_compressed_main": True, "checkpoint_chunks": True}
+    engine = RLConfig(**given).engine_config("grpo")
+    assert engine.objective == "grpo" and {k: getattr(engine, k) for k in given} == given
+    shared = {f.name for f in dataclasses.fields(EngineConfig)} & set(RLConfig.model_fields)
+    assert shared == set(given) | {"attention", "rollout_is"}  # all but these two set to a non-default above

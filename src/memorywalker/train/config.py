@@ -13,6 +13,7 @@ memorywalker.train.config.ConfigError: unknown key 'stepz'; valid keys: lr, step
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ class ConfigError(ValueError):
 
 
 PARALLEL = ("ddp", "fsdp")  # TrainConfig.parallel: how the ranks split the model (train/fsdp.py)
-_ENGINE = EngineConfig()  # the engine's defaults, which the recipe configs take over
+ENGINE_DEFAULTS = EngineConfig()  # the engine's defaults, which the recipe configs take over
 
 
 class RecipeConfig(BaseModel):
@@ -76,20 +77,20 @@ class TrainConfig(RecipeConfig):
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
     device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
     # --- engine (DESIGN.md): memorywalker.engine.EngineConfig's fields of the same names, its defaults
-    method: str = _ENGINE.method  # a method of the registry (memorywalker.engine.METHODS)
-    normalization: str = _ENGINE.normalization  # objectives.normalize.TARGET_NORMALIZATIONS
-    attention: str | None = _ENGINE.attention  # mask-schedule methods: sdpa | eager | flex; None = the model's own
-    max_tokens: int = _ENGINE.max_tokens  # tokens per forward (packed buffer / radix chunk and batch size)
+    method: str = ENGINE_DEFAULTS.method  # a method of the registry (memorywalker.engine.METHODS)
+    normalization: str = ENGINE_DEFAULTS.normalization  # objectives.normalize.TARGET_NORMALIZATIONS
+    attention: str | None = ENGINE_DEFAULTS.attention  # mask-schedule methods: sdpa | eager | flex; None = the model's own
+    max_tokens: int = ENGINE_DEFAULTS.max_tokens  # tokens per forward (packed buffer / radix chunk and batch size)
     # Longest call sequence S_t a trajectory may have; longer ones are set aside (reason too_long) before
     # any forward. None = the model's max_position_embeddings (from its config.json).
     max_seq_len: int | None = None
-    sdcc_lambda: float = _ENGINE.sdcc_lambda  # sdcc: weight λ of KL(teacher ‖ student)
-    sdcc_students: str = _ENGINE.sdcc_students  # sdcc: junctions | all (a student per selected call)
-    sdcc_compressed_main: bool = _ENGINE.sdcc_compressed_main  # sdcc: students' main loss on their own S_t
+    sdcc_lambda: float = ENGINE_DEFAULTS.sdcc_lambda  # sdcc: weight λ of KL(teacher ‖ student)
+    sdcc_students: str = ENGINE_DEFAULTS.sdcc_students  # sdcc: junctions | all (a student per selected call)
+    sdcc_compressed_main: bool = ENGINE_DEFAULTS.sdcc_compressed_main  # sdcc: students' main loss on their own S_t
     sdcc_full_view_artifacts: bool = False  # sdcc: the full view keeps the harness's summaries/placeholders
     # radix schedule: recompute each forward's activations in the backward, keeping the cached keys/values
     # (long sessions in memory ~ tokens x K/V bytes per token; costs one more forward)
-    checkpoint_chunks: bool = _ENGINE.checkpoint_chunks
+    checkpoint_chunks: bool = ENGINE_DEFAULTS.checkpoint_chunks
     # --- optimization
     steps: int = 100  # optimizer steps of the whole run
     grad_accum: int = 1  # micro-batches per rank per optimizer step
@@ -118,13 +119,12 @@ class TrainConfig(RecipeConfig):
     activation_checkpointing: bool = False  # fsdp: each decoder layer recomputes its activations in backward
     collective_timeout: float = 600.0  # seconds a collective may wait before the run fails, naming the cause
 
-    def engine_config(self, objective: str, **fields) -> EngineConfig:
-        """The engine configuration of this recipe's step: its engine fields, the recipe's ``objective``
-        and ``fields`` (e.g. RL's clipping)."""
-        return EngineConfig(method=self.method, objective=objective, normalization=self.normalization,
-                            attention=self.attention, max_tokens=self.max_tokens, sdcc_lambda=self.sdcc_lambda,
-                            sdcc_students=self.sdcc_students, sdcc_compressed_main=self.sdcc_compressed_main,
-                            checkpoint_chunks=self.checkpoint_chunks, **fields)
+    def engine_config(self, objective: str) -> EngineConfig:
+        """The engine configuration of this recipe's step: every field this config shares with
+        :class:`~memorywalker.engine.EngineConfig` (each typed once, there, and defaulted from
+        :data:`ENGINE_DEFAULTS` here: RL's clipping and rollout correction too) and the recipe's ``objective``."""
+        shared = {f.name for f in dataclasses.fields(EngineConfig)} & set(type(self).model_fields)
+        return EngineConfig(objective=objective, **{name: getattr(self, name) for name in shared})
 
     def render_options(self, **fields):
         """How this recipe renders its records (``fields``: the recipe's, e.g. ``truncated``)."""

@@ -149,15 +149,14 @@ def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: P
     """Run every planned episode of ``suite``; write the finished ones to ``out``; return one row per trial
     (a failed trial too, :func:`play`)."""
     from memorywalker.records import write_trajectories
-    from memorywalker.rollout import EpisodeJob, plan
+    from memorywalker.rollout import plan
 
     episodes = plan(env, suite, cfg.n, seed=cfg.seed, harness=harness.name, split=cfg.split, samples=cfg.samples)
-    jobs = [EpisodeJob(e.task, e.seed, e.id, {"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label})
-            for e in episodes]
+    jobs = [e.with_meta({"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label}) for e in episodes]
     rows, trajs = [], []
     for e, result in zip(episodes, play(env, jobs, cand.policy, cand.tokenizer, harness), strict=True):
         if isinstance(result, BaseException):
-            rows.append(failed_trial_row(e.id, e.task.id, e.sample, f"{type(result).__name__}: {result}"))
+            rows.append(failed_trial_row(e.episode_id, e.task.id, e.sample, f"{type(result).__name__}: {result}"))
             continue
         trajs.append(result)
         rows.append(trial_row(result))

@@ -136,7 +136,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
         trajs, labels, stats = [], [], TransformStats()
         states = disagree = learner_reached = 0
         for e in episodes:
-            traj = run_episode(env, e.task, mixed, tok, harness, seed=e.seed, episode_id=f"{e.id}-dagger{k}",
+            traj = run_episode(env, e.task, mixed, tok, harness, seed=e.seed, episode_id=f"{e.episode_id}-dagger{k}",
                                meta={"run_seed": cfg.seed, "dagger_round": k})
             trajs.append(traj)
             executed = [lab["executed"] for lab in mixed.labels]

@@ -17,6 +17,7 @@ episodes": 4x on the demo's model on a 2-core CPU).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +30,20 @@ from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 @dataclass
 class EpisodeJob:
+    """One planned episode (:func:`~memorywalker.rollout.runner.plan`), run alone or in lockstep."""
+
     task: Task
     seed: int
     episode_id: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # into the trajectory's meta (``sample``: its index in the group)
+
+    @property
+    def sample(self) -> int:
+        return int(self.meta.get("sample", 0))
+
+    def with_meta(self, meta: dict[str, Any]) -> EpisodeJob:
+        """The same episode with another ``meta``."""
+        return dataclasses.replace(self, meta=meta)
 
 
 class _Rounds:

@@ -20,15 +20,8 @@ from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.rollout.env import Environment
 from memorywalker.rollout.harness import HarnessConfig, call_seed, run_episode
+from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
 from memorywalker.samplers.base import Policy
-
-
-@dataclass
-class PlannedEpisode:
-    id: str
-    task: Task
-    seed: int
-    sample: int
 
 
 def next_tasks(env: Environment, suite: str, n: int, *, split: str | None = None,
@@ -51,10 +44,10 @@ def next_tasks(env: Environment, suite: str, n: int, *, split: str | None = None
 
 
 def plan(env: Environment, suite: str, n: int, *, seed: int, harness: str, split: str | None = None,
-         samples: int = 1, start: int = 0) -> list[PlannedEpisode]:
+         samples: int = 1, start: int = 0) -> list[EpisodeJob]:
     """The first ``n`` tasks of ``suite`` (in ``split`` if given) x ``samples`` rollouts each."""
     tasks, _ = next_tasks(env, suite, n, split=split, start=start)
-    return [PlannedEpisode(f"{task.id}-{harness}-s{seed}-r{j}", task, call_seed(seed, task.id, j), j)
+    return [EpisodeJob(task, call_seed(seed, task.id, j), f"{task.id}-{harness}-s{seed}-r{j}", {"sample": j})
             for task in tasks for j in range(samples)]
 
 
@@ -107,22 +100,19 @@ class RolloutSummary:
         return self.correct / self.written if self.written else 0.0
 
 
-def iter_rollouts(env: Environment, episodes: list[PlannedEpisode], policy: Policy, tokenizer,
+def iter_rollouts(env: Environment, episodes: list[EpisodeJob], policy: Policy, tokenizer,
                   config: HarnessConfig, *, run_seed: int, batch: int = 1) -> Iterator[Trajectory]:
     """The episodes' trajectories in plan order. With ``batch > 1`` (a policy with ``generate_batch``)
     ``batch`` episodes at a time run in lockstep (:func:`~memorywalker.rollout.lockstep.run_episodes`),
     their calls batched; a failure in a group raises after the group ends, and none of it is yielded."""
+    jobs = [e.with_meta({"run_seed": run_seed, "sample": e.sample}) for e in episodes]
     if batch <= 1 or not hasattr(policy, "generate_batch"):
-        for e in episodes:
-            yield run_episode(env, e.task, policy, tokenizer, config, seed=e.seed, episode_id=e.id,
-                              meta={"run_seed": run_seed, "sample": e.sample})
+        for e in jobs:
+            yield run_episode(env, e.task, policy, tokenizer, config, seed=e.seed, episode_id=e.episode_id,
+                              meta=e.meta)
         return
-    from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
-
-    for i in range(0, len(episodes), batch):
-        jobs = [EpisodeJob(e.task, e.seed, e.id, {"run_seed": run_seed, "sample": e.sample})
-                for e in episodes[i:i + batch]]
-        yield from run_episodes(env, jobs, policy, tokenizer, config)
+    for i in range(0, len(jobs), batch):
+        yield from run_episodes(env, jobs[i:i + batch], policy, tokenizer, config)
 
 
 def recorded_setup(path: str | os.PathLike) -> dict | None:
@@ -172,7 +162,7 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
     done: set[str] = set()
     if out is not None:
         ids, good = scan_existing(out)
-        planned = {e.id for e in episodes}
+        planned = {e.episode_id for e in episodes}
         foreign = [i for i in ids if i not in planned]
         if foreign:
             raise ValueError(f"{out} holds episodes of a different run (e.g. {foreign[0]!r}); use another file")
@@ -189,7 +179,7 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
                 f.truncate(good)
         done = set(ids)
         summary.skipped = len(done)
-    todo = [e for e in episodes if e.id not in done]
+    todo = [e for e in episodes if e.episode_id not in done]
     bar = None
     if progress:
         from tqdm import tqdm

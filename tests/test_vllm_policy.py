@@ -224,11 +224,11 @@ def test_cli_refuses_what_the_engine_cannot_do_in_one_line(kit, tmp_path):
     """A model vLLM cannot serve (the default kit's head_dim 16, refused by vLLM's CPU attention) and a
     window smaller than the harness's context: each one line naming the cause, exit 2, no output file."""
     out = tmp_path / "x.jsonl"
-    res = rollout_cli("--policy", f"vllm:{kit[1]}", "-o", str(out))
+    res = rollout_cli("--sampler", f"vllm:{kit[1]}", "-o", str(out))
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 2 and "rollout: error: " in last, res.stderr[-2000:]
     assert f"{kit[1]}: vLLM's CPU attention cannot serve head_dim 16" in last and not out.exists()
-    res = rollout_cli("--policy", f"vllm:{kit[1]}", "--max-model-len", "512", "-o", str(out))
+    res = rollout_cli("--sampler", f"vllm:{kit[1]}", "--max-model-len", "512", "-o", str(out))
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 2 and "--max-context 8192 + --max-new-tokens 256 exceeds --max-model-len 512" in last
     assert not out.exists()

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 # FlexAttention's sparse block size. Buffers are padded to a multiple of it: with torch 2.13 the
 # compiled CPU kernel returned wrong outputs for a length of 40 (correct at 128 and 256).
@@ -94,8 +95,6 @@ def flex_mask(tout: torch.Tensor, dtype: torch.dtype):
     straight from the Euler ends (:func:`block_classes`): full blocks skip the mask_mod, empty blocks are
     never visited, and nothing of size L × L is materialized (the block tables are (L/128)²).
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     B, L = tout.shape
     if L % FLEX_BLOCK:
         raise ValueError(f"flex buffers must be padded to a multiple of {FLEX_BLOCK} (got {L}); use pad_length")

@@ -262,7 +262,7 @@ def _padded_batch(x: torch.Tensor, segs: list[Segment], width: int) -> torch.Ten
 
 def register() -> str:
     """Register :func:`prefix_attention` with transformers (idempotent); return its name."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # lazy: transformers (~3 s) only when radix registers it
 
     AttentionInterface.register(IMPLEMENTATION, prefix_attention)
     return IMPLEMENTATION

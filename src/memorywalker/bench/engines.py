@@ -16,9 +16,22 @@ import os
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from memorywalker.bench.memory import PeakMemory
+from memorywalker.bench.shapes import OVERRIDES, random_model
+from memorywalker.engine import EngineConfig, get_method, needs_full_view, run
+from memorywalker.engine.head import OutputHead, capture_hidden, target_logprobs
+from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group, synthetic_trajectory
+from memorywalker.layout import Batch
+from memorywalker.modelkit import default_kit
+from memorywalker.modelkit.pretrained import model_path
+from memorywalker.records import TrajectoryReader
+from memorywalker.render import Renderer
 
 REFERENCE_CHUNK = 512  # target positions per head call in the reference
 
@@ -34,8 +47,6 @@ def _first_calls(traj, n: int | None):
 
 def _only_calls(rt, keep: set[int]):
     """A rendered trajectory whose calls outside ``keep`` have no targets (the tree stays the same)."""
-    from dataclasses import replace
-
     calls = [c if c.index in keep else replace(c, targets=[], target_logprobs=[], selected=False) for c in rt.calls]
     return replace(rt, calls=calls)
 
@@ -46,8 +57,6 @@ def plain_per_call_logprobs(model, rendered, calls: dict[str, set[int]]) -> dict
     head code), its output embeddings applied at the target positions ``REFERENCE_CHUNK`` at a time, and
     log p(S_t[i] | S_t[:i]) = log_softmax(logits[i − 1])[S_t[i]]. Keys: (trajectory id, call index,
     target position in S_t). For models whose head output is used as is (no soft-capping or scale)."""
-    import torch
-
     device = next(model.parameters()).device
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     out = {}
@@ -70,17 +79,12 @@ def plain_per_call_logprobs(model, rendered, calls: dict[str, set[int]]) -> dict
 def load_bench_model(*, model_dir: Path | None, shape: str | None, arch: str, overrides: dict, dtype, seed: int):
     """(model, tokenizer dir): an HF model dir, or a random model of a shipped shape / the kit's, with
     ``overrides`` (vocab_size, hidden_size, ...) applied. Nothing is downloaded."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from memorywalker.bench.shapes import OVERRIDES, random_model
-    from memorywalker.modelkit import default_kit
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: ~3 s, only past the CLI's checks
 
     fields = {OVERRIDES[k]: v for k, v in overrides.items() if v is not None}
     if model_dir is not None:
         if shape or fields:
             raise ValueError("--model takes the model as it is: no --shape or shape flags with it")
-        from memorywalker.modelkit.pretrained import model_path
-
         model_dir = model_path(str(model_dir))  # a packaged model's name (smollm2-135m) is its converted dir
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), model_dir
     tok_dir, kit_model = default_kit(arch=arch)
@@ -96,13 +100,7 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
               tokenizer_dir: Path | None = None, max_calls: int | None = None, sample_calls: int | None = None,
               plain_causal: bool = True, warmup: int = 1, shape: str | None = None, overrides: dict | None = None,
               checkpoint_chunks: bool = False) -> dict:
-    import torch
-    from transformers import AutoTokenizer
-
-    from memorywalker.engine import needs_full_view
-    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group, synthetic_trajectory
-    from memorywalker.records import TrajectoryReader
-    from memorywalker.render import Renderer
+    from transformers import AutoTokenizer  # lazy: transformers (~3 s) only past the CLI's argument checks
 
     overrides = overrides or {}
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
@@ -162,13 +160,6 @@ def bench_groups(model, groups, *, methods: list[str], attention: str | None, ma
     given, is asked before each method (``plain-causal`` included) with the rows so far; a string it
     returns is the reason the method is not run (a row ``{method, skipped}``). A method that runs out of
     CUDA memory gets ``skipped: "out of memory"``. Returns the result's keys from ``device`` on."""
-    import numpy as np
-    import torch
-
-    from memorywalker.engine import EngineConfig, get_method, run
-    from memorywalker.engine.head import OutputHead, capture_hidden, target_logprobs
-    from memorywalker.layout import Batch
-
     dev = next(model.parameters()).device
     model.train()
     batch = Batch.from_groups(groups)

@@ -22,22 +22,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from memorywalker.engine.methods import get_method, method_names
+from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
+from memorywalker.layout import Batch
+
 BASELINE = "dfs"  # the naive baseline over the same unique tokens: how far from exact it is
 
 
 def best_candidates() -> list[str]:
     """The exact methods a ratio may call "best": every registered exact one but the reference (per-call,
     extrapolated when sampled)."""
-    from memorywalker.engine.methods import get_method, method_names
-
     return [m for m in method_names() if get_method(m).exactness == "exact"]
 
 
 def methods() -> list[str]:
     """The timed methods, cheapest first so the time budget cuts the expensive ones: the exact ones,
     the baseline, then the reference (plain-causal is timed after them by the bench)."""
-    from memorywalker.engine.methods import get_method, method_names
-
     reference = [m for m in method_names() if get_method(m).exactness == "exact (reference)"]
     return [*best_candidates(), BASELINE, *reference]
 
@@ -79,9 +79,6 @@ PLANS = {
 
 def _measure(renderer, turns: int, words: int, seed: int):
     """(rendered trajectory, U, P) of one synthetic episode with one eviction."""
-    from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
-    from memorywalker.layout import Batch
-
     spec = SyntheticSpec(turns=turns, evictions=1, words=words, seed=seed)
     rt = renderer.render(synthetic_trajectory(spec, f"synthetic-{seed}"))
     unique = len(Batch.from_groups([[rt]]).trees[0])

@@ -15,6 +15,8 @@ import ctypes
 import threading
 import time
 
+import torch
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -35,7 +37,7 @@ def _cpu_bytes_probe():
         heap()
         return heap, "cpu heap in use (glibc mallinfo2, sampled)"
     except (OSError, AttributeError):
-        import psutil
+        import psutil  # lazy: only where glibc's mallinfo2 is missing
 
         proc = psutil.Process()
         return (lambda: proc.memory_info().rss), "cpu rss growth (sampled)"
@@ -52,8 +54,6 @@ class PeakMemory:
         self.kind = "cuda max_memory_allocated"
 
     def __enter__(self):
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -73,8 +73,6 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc):
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             self.peak_mib = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from memorywalker.modelkit import default_kit
+
 # Shipped shapes (bench/shapes/NAME.json, HF config.json fields), plus the kit's.
 SHAPES = ("kit", *sorted(p.name.removesuffix(".json") for p in resources.files("memorywalker.bench")
                          .joinpath("shapes").iterdir() if p.name.endswith(".json")))
@@ -37,14 +39,12 @@ OVERRIDES = {
 
 def shape_config(name: str, *, kit_model_dir=None, **fields):
     """The ``transformers`` config of shape ``name`` (one of :data:`SHAPES`) with ``fields`` overridden."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers only to build a shape (SHAPES stays light)
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; valid: {list(SHAPES)}")
     if name == "kit":
         if kit_model_dir is None:
-            from memorywalker.modelkit import default_kit
-
             kit_model_dir = default_kit()[1]
         config = AutoConfig.from_pretrained(kit_model_dir)
         for k, v in fields.items():
@@ -58,8 +58,8 @@ def shape_config(name: str, *, kit_model_dir=None, **fields):
 def random_model(name: str, tokenizer, *, dtype=None, seed: int = 0, kit_model_dir=None, **fields):
     """A randomly initialised causal LM of shape ``name`` (fields overridden) for ``tokenizer``: special
     token ids are the tokenizer's; the vocabulary must hold every id the tokenizer can produce."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: torch/transformers only to build a model (SHAPES stays light)
+    from transformers import AutoModelForCausalLM  # lazy: as torch
 
     config = shape_config(name, kit_model_dir=kit_model_dir, **fields)
     if config.vocab_size < len(tokenizer):

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from memorywalker.objectives.losses import forward_kl
+
 # Rows per chunk: enough that one fp32 [rows, V] chunk is about this many bytes.
 CHUNK_BYTES = 128 * 2**20
 
@@ -342,8 +344,6 @@ def chunked_forward_kl(head: OutputHead, teacher_hidden: torch.Tensor, student_h
     The teacher is a stop-gradient: its distribution is recomputed from ``teacher_hidden`` (detached)
     inside each student chunk, so neither side's [J, V] distributions are ever held.
     """
-    from memorywalker.objectives.losses import forward_kl
-
     _check_temperature(temperature)
     rows = chunk or chunk_rows(head.vocab_size)
     teacher_hidden = teacher_hidden.detach()

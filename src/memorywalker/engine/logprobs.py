@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from memorywalker.attention.masks import Backend
+from memorywalker.attention.masks import Backend, use_backend
 from memorywalker.engine.config import Denominators, EngineConfig
 from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.engine.head import OutputHead, chunked_forward_kl
@@ -123,8 +123,6 @@ def logprobs(model, batch: Batch, cfg: EngineConfig | None = None) -> TargetLogp
     Runs under the caller's grad mode: inside ``torch.no_grad()`` nothing is kept for a backward. The
     whole micro-batch's graph is held until the caller's backward (``run`` streams buffer by buffer
     instead)."""
-    from memorywalker.attention.masks import use_backend
-
     cfg = cfg or EngineConfig()
     method = get_method(cfg.method)
     layout = layout_for(batch, cfg)

@@ -138,8 +138,8 @@ def examples(traj: Trajectory, format: str) -> Iterator[dict[str, Any]]:
 
 
 def write_parquet(path, rows: Iterable[dict[str, Any]]) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: optional dependency (the parquet extra)
+    import pyarrow.parquet as pq  # lazy: optional dependency (the parquet extra)
 
     rows = list(rows)
     pq.write_table(pa.Table.from_pylist(rows), path)

@@ -128,10 +128,10 @@ def _clean(x: Any, key: str | None = None) -> Any:
 def _rows(path: Path) -> Iterable[dict]:
     if path.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # lazy: optional dependency (the parquet extra)
         except ImportError as e:  # an optional dependency: the `parquet` extra
             raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'memorywalker[parquet]')") from e
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: optional dependency, present once pq imported
 
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):

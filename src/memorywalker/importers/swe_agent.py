@@ -122,7 +122,7 @@ def import_file(path: Path, result: ImportResult) -> None:
 
 def run_config(path: Path) -> tuple[dict | None, Path | None]:
     """The run's config (``args.yaml``) beside a ``.traj`` file, if there is one."""
-    import yaml
+    import yaml  # lazy: only the older format reads YAML (importers load at CLI start)
 
     for cfg in (path.with_name(path.stem + ".args.yaml"), path.parent / "args.yaml"):
         if cfg.is_file():

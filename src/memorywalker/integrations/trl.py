@@ -46,9 +46,11 @@ from memorywalker.engine import (
     loss,
     step_denominators,
 )
+from memorywalker.recipes.dpo import DPOConfig, pair_loss, pair_sums
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
+from memorywalker.tree.pairs import admit_pair
 
 RECORD = "record"  # the dataset column holding one trajectory record (JSON)
 
@@ -58,7 +60,7 @@ def records_dataset(data: str | Path | Sequence[Trajectory], tokenizer, *, rejec
 
     Records are validated against ``tokenizer``'s vocabulary as every memorywalker reader does; the
     rejected ones (with their reasons) go to ``rejects``."""
-    from datasets import Dataset
+    from datasets import Dataset  # lazy: optional dependency (datasets, with trl)
 
     kwargs = dict(rejects_path=rejects, vocab_size=len(tokenizer))
     reader = TrajectoryReader(data, **kwargs) if isinstance(data, str | Path) else TrajectoryReader.of(list(data), **kwargs)
@@ -70,7 +72,7 @@ def records_dataset(data: str | Path | Sequence[Trajectory], tokenizer, *, rejec
 
 def pairs_dataset(pairs: Sequence[tuple[Trajectory, Trajectory]]):
     """A ``datasets.Dataset`` of preference pairs: columns ``chosen`` and ``rejected`` (record JSON)."""
-    from datasets import Dataset
+    from datasets import Dataset  # lazy: optional dependency (datasets, with trl)
 
     return Dataset.from_dict({"chosen": [json.dumps(w.to_json_dict()) for w, _ in pairs],
                               "rejected": [json.dumps(lo.to_json_dict()) for _, lo in pairs]})
@@ -115,8 +117,6 @@ class PairCollator:
         self.scored = scored
 
     def __call__(self, rows: list[dict]) -> dict:
-        from memorywalker.tree.pairs import admit_pair
-
         return {"mw_pairs": [admit_pair(self.renderer.render(_record(r["chosen"])),
                                         self.renderer.render(_record(r["rejected"])), self.scored) for r in rows]}
 
@@ -130,8 +130,6 @@ def dpo_loss_fn(ref_model, *, beta: float = 0.1, length_normalize: bool = False,
     """A pairwise loss for :class:`ExactSFTTrainer` with :class:`PairCollator`: DPO on each pair's forest,
     the reference sums from ``ref_model`` (frozen; no gradient) on the same trees, averaged over the
     step's pairs (:func:`memorywalker.recipes.dpo.pair_loss`)."""
-    from memorywalker.recipes.dpo import DPOConfig, pair_loss, pair_sums
-
     cfg = DPOConfig(beta=beta, length_normalize=length_normalize, sft_weight=sft_weight)
     ref_model.eval()
     for p in ref_model.parameters():
@@ -150,7 +148,7 @@ def dpo_loss_fn(ref_model, *, beta: float = 0.1, length_normalize: bool = False,
 
 @functools.cache
 def _trainer_class():
-    from trl import SFTTrainer
+    from trl import SFTTrainer  # lazy: optional dependency (trl)
 
     class _ExactSFTTrainer(SFTTrainer):
         """``SFTTrainer`` whose loss is memorywalker's exact engine over conditioning trees.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memorywalker.metrics.stats import cost_per_accepted, wilson_interval
 from memorywalker.records.schema import Call, Message, ToolCall, ToolSchema, Trajectory
 from memorywalker.render.toolcalls import call_arguments
 
@@ -154,8 +155,6 @@ def summarize(rows: list[dict[str, Any]], *, z: float) -> dict[str, Any]:
     >>> r["accepted"], r["trials"], r["tokens_per_accepted"], r["sfa"], r["validity_rate"]["malformed_output"]
     (1, 2, 80.0, 0.5, 0.5)
     """
-    from memorywalker.metrics.stats import cost_per_accepted, wilson_interval
-
     n = len(rows)
     k = sum(bool(r["accepted"]) for r in rows)
     lo, hi = wilson_interval(k, n, z)

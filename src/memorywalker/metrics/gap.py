@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from memorywalker.engine import EngineConfig, get_method, needs_full_view
 from memorywalker.engine.forward import forward_layout, model_device
@@ -195,8 +196,6 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     call_base = 0
     it = range(len(rendered))
     if progress:
-        from tqdm import tqdm
-
         it = tqdm(it, desc="gap", unit="traj")
     for i in it:
         batch = Batch.from_groups([[rendered[i]]])

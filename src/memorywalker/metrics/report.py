@@ -7,12 +7,15 @@ PNG plots and an HTML page. Pure functions of the results dict ``recipes/demo.py
 
 from __future__ import annotations
 
+import html
 import math
 from pathlib import Path
 
 import numpy as np
 
+from memorywalker.engine.methods import NAIVE, get_method, method_names
 from memorywalker.metrics.gap import fmt_metric as _fmt
+from memorywalker.metrics.stats import paired_bootstrap
 
 REFERENCE = "tree-mask"  # paired differences are against this exact method
 README_BEGIN = "<!-- demo-table:{name} begin -->"
@@ -22,8 +25,6 @@ README_END = "<!-- demo-table:{name} end -->"
 def summarize(doc: dict) -> dict:
     """Per harness and method: mean reward with a bootstrap 95 % interval over tasks after SFT and after
     RL, the paired difference against ``tree-mask`` (each stage) and of RL against SFT."""
-    from memorywalker.metrics.stats import paired_bootstrap
-
     methods = doc["methods"]
     out: dict[str, dict] = {}
     for h in doc["config"]["harnesses"]:
@@ -65,8 +66,6 @@ def claims(doc: dict) -> list[dict]:
     >>> [(c["holds"], c["evidence"]) for c in claims(doc)]
     [(True, 'copy accuracy 0.950 in act calls (target 0.90), 0.620 in summaries (target 0.50) at step 200'), (True, 'dfs − tree-mask -0.400 [-0.500, -0.300]'), (True, 'RL − SFT +0.050 [-0.020, +0.100]')]
     """
-    from memorywalker.engine.methods import NAIVE, get_method, method_names
-
     out = []
     near = doc.get("pretrain_near_checks") or []
     if near:
@@ -183,10 +182,10 @@ def results_table(doc: dict) -> str:
 def write_report(doc: dict, out: Path) -> None:
     """PNG plots (reward with intervals for SFT and RL, gap by branches, SDCC over steps), index.html and
     table.md."""
-    import matplotlib
+    import matplotlib  # lazy: only for the plots; Agg is set here, before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     methods = list(doc["methods"])
     harnesses = doc["config"]["harnesses"]
@@ -242,8 +241,6 @@ def write_report(doc: dict, out: Path) -> None:
 
     table = results_table(doc)
     (out / "table.md").write_text(table + "\n")
-    import html
-
     (out / "index.html").write_text(f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>memorywalker demo</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} pre{{background:#f4f4f4;padding:1em}}</style>

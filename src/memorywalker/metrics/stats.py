@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -19,8 +20,6 @@ def z_of(alpha: float) -> float:
     >>> round(z_of(0.05), 4), round(z_of(0.025), 4)
     (1.96, 2.2414)
     """
-    from statistics import NormalDist
-
     return NormalDist().inv_cdf(1 - alpha / 2)
 
 

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import binpacking
 
+from memorywalker.layout.batch import Batch
+from memorywalker.layout.layouts import rightmost_layout
 from memorywalker.render.types import ROLES, RenderedTrajectory
 from memorywalker.tree.tree import ConditioningTree
 
@@ -97,9 +99,6 @@ def tree_stats(rendered: RenderedTrajectory, tree: ConditioningTree | None = Non
 
     # The same rule the `rightmost` method trains with (a response is kept where its tokens are found
     # in the final S_T), so inspect and the engine never disagree on what the baseline loses.
-    from memorywalker.layout.batch import Batch  # layout builds on tree: import at use
-    from memorywalker.layout.layouts import rightmost_layout
-
     lost = int(rightmost_layout(Batch.from_trees([tree]), max_tokens=len(tree)).lost.sum())
 
     return TreeStats(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -39,8 +40,8 @@ def build_tokenizer(
 
     Byte-level BPE decodes every byte sequence exactly, so ``decode(encode(text)) == text``.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: kit build only
+    from transformers import PreTrainedTokenizerFast  # lazy: kit build only
 
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; valid: {sorted(TEMPLATES)}")
@@ -91,9 +92,15 @@ def build_model(
     ``vocab_size`` (default: the tokenizer's) may be larger, as a real model's is (e.g. 151,936 with
     the kit tokenizer: the cost of a real vocabulary at the kit's width); ``head_dim`` defaults to
     ``hidden_size // num_heads``."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-    from transformers.utils import logging as hf_logging
+    import torch  # lazy: torch/transformers only to build a kit (a built kit's lookup stays light)
+    from transformers import (  # lazy: as torch
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+    from transformers.utils import logging as hf_logging  # lazy: as torch
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     if vocab_size is not None and vocab_size < len(tok):
@@ -153,8 +160,6 @@ def default_kit(
         try:
             tmp.rename(root)  # atomic: a concurrent builder either wins or finds it built
         except OSError:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
     return tok_dir, model_dir
 

@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 COPY_LEN = 32  # tokens of x in each "x x" row
 LM_LEN = 64  # tokens of each corpus window
@@ -151,8 +152,6 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     rows, from a generator of their own (measuring changes no training step). Seeded: same arguments,
     same weights; the step at which the near check passes is part of that.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()

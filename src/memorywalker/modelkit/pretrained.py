@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memorywalker.fileio import file_sha256
+from memorywalker.modelkit.build import kit_dir
 
 MANIFEST = "memorywalker-model.json"
 
@@ -72,8 +73,6 @@ def packaged_model(name: str) -> PackagedModel:
 
 def models_dir() -> Path:
     """Where converted models live: ``$MEMORYWALKER_CACHE/models`` (default ~/.cache/memorywalker/models)."""
-    from memorywalker.modelkit.build import kit_dir
-
     return kit_dir() / "models"
 
 
@@ -93,7 +92,7 @@ def source_file(m: PackagedModel) -> Path:
 
 
 def _source_record(m: PackagedModel, path: Path) -> dict:
-    import transformers
+    import transformers  # lazy: only for its version, when converting (`models list` stays light)
 
     return {"name": m.name, "package": m.package,
             "package_version": importlib.metadata.version(m.package), "file": m.file,
@@ -159,9 +158,9 @@ def get(name: str, out: str | os.PathLike | None = None, *, force: bool = False)
 
 def _convert(src: Path, out: Path, record: dict) -> int:
     """Dequantize the GGUF ``src`` to fp32 and save it as a plain HF model + tokenizer in ``out``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    import torch  # lazy: torch/transformers only when converting (`models list` stays light)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: as torch
+    from transformers.utils import logging as hf_logging  # lazy: as torch
 
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, local_files_only=True)

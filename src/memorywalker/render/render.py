@@ -27,6 +27,7 @@ import numpy as np
 from jinja2 import TemplateError
 
 from memorywalker.records.schema import Call, Message, Trajectory
+from memorywalker.render.fullview import build_full_view
 from memorywalker.render.types import (
     ROLE_ID,
     RenderedCall,
@@ -326,8 +327,6 @@ class Renderer:
 
     def render(self, traj: Trajectory, *, full_view: bool = False) -> RenderedTrajectory:
         """Every call's ``S_t``; with ``full_view`` also the uncompressed transcript (what ``sdcc`` trains on)."""
-        from memorywalker.render.fullview import build_full_view
-
         cache = _TrajectoryCache(traj)
         rt = RenderedTrajectory(traj, [self.render_call(traj, i, cache) for i in range(len(traj.calls))])
         if full_view:

@@ -30,8 +30,8 @@ class HFPolicy:
     def __init__(self, model_dir: str, *, temperature: float = 1.0, max_new_tokens: int = 256, top_k: int = 5,
                  dtype: str = "float32", device: str = "cpu", stop_ids: list[int] | None = None,
                  model=None, tokenizer=None):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import torch  # lazy: this module loads at CLI start
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: this module loads at CLI start
 
         self.model_dir = str(model_dir)
         if model is None:
@@ -69,8 +69,8 @@ class HFPolicy:
 
     def _prefill(self, prompt: list[int]):
         """Logits after ``prompt``, reusing the cached prefix it shares with the previous sequence."""
-        import torch
-        from transformers import DynamicCache
+        import torch  # lazy: this module loads at CLI start
+        from transformers import DynamicCache  # lazy: this module loads at CLI start
 
         shared = 0
         for a, b in zip(self._cached, prompt, strict=False):
@@ -107,7 +107,7 @@ class HFPolicy:
 
     @staticmethod
     def _sample(logits, temperature: float, generator):
-        import torch
+        import torch  # lazy: this module loads at CLI start
 
         if temperature <= 0:
             return int(torch.argmax(logits))
@@ -115,7 +115,7 @@ class HFPolicy:
         return int(torch.multinomial(probs, 1, generator=generator))
 
     def generate(self, prompt: list[int], *, seed: int, max_new_tokens: int | None = None) -> PolicyOutput:
-        import torch
+        import torch  # lazy: this module loads at CLI start
 
         gen = torch.Generator(device=self.device).manual_seed(seed)
         limit = max_new_tokens or self.max_new_tokens
@@ -147,7 +147,7 @@ class HFPolicy:
         """Teacher-forced logprobs of ``response`` after ``prompt``, of the distribution :meth:`generate` records
         (``softmax(logits / T)``; untempered when greedy). Reuses the KV cache like :meth:`generate`, so a
         scripted response is scored at the cost of its own tokens."""
-        import torch
+        import torch  # lazy: this module loads at CLI start
 
         if not response:
             return []
@@ -173,8 +173,8 @@ class HFPolicy:
         float rounding (tested to 1e-5 in fp32), so its samples are :meth:`generate`'s except where two
         tokens tie within that rounding.
         """
-        import torch
-        from transformers import DynamicCache
+        import torch  # lazy: this module loads at CLI start
+        from transformers import DynamicCache  # lazy: this module loads at CLI start
 
         limit = max_new_tokens or self.max_new_tokens
         n = len(prompts)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ class EngineError(ConnectionError):
 def import_vllm():
     """The ``vllm`` module, or an :class:`EngineError` naming the install."""
     try:
-        import vllm
+        import vllm  # optional dependency (the vllm extras): EngineError when absent
     except ImportError as e:
         raise EngineError(f"the vllm policy needs vLLM, which is not importable here ({e}): {INSTALL}") from None
     return vllm
@@ -59,7 +60,7 @@ def import_vllm():
 def check_servable(model_dir: str | os.PathLike) -> None:
     """Refuse, before any engine process starts, a model the platform's attention backend rejects (vLLM's
     CPU attention serves head sizes in its own list, e.g. 32, 64, 128 — not the kit's default 16)."""
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # lazy: optional dependency (vllm)
 
     cfg_path = Path(model_dir) / "config.json"
     if not cfg_path.exists():
@@ -68,7 +69,7 @@ def check_servable(model_dir: str | os.PathLike) -> None:
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     head_dim = cfg.get("head_dim") or (hidden // heads if heads and hidden else None)
     if head_dim is not None and current_platform.is_cpu():  # a config we cannot read: vLLM decides
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # lazy: optional dependency
 
         if not CPUAttentionBackend.supports_head_size(head_dim):
             raise EngineError(f"{model_dir}: vLLM's CPU attention cannot serve head_dim {head_dim} "
@@ -105,12 +106,12 @@ class VLLMPolicy:
         self.temperature, self.max_new_tokens, self.top_k = temperature, max_new_tokens, top_k
         self.dtype, self.max_model_len = dtype, max_model_len
         if tokenizer is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: this module loads at CLI start
 
             tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.stop_ids = sorted(stop_ids if stop_ids is not None else eot_ids(tokenizer))
         check_servable(self.model_dir)
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # lazy: optional dependency (vllm)
 
         if current_platform.is_cpu():
             # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when the prefill of a request
@@ -144,8 +145,7 @@ class VLLMPolicy:
         the engine dead, but nothing wakes the call waiting on the output queue): a daemon thread waits on
         the engine processes and, when one exits, hands the waiting call an ``EngineDeadError`` through that
         queue. Nothing to watch when the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-        import multiprocessing.connection
-        import threading
+        import multiprocessing.connection  # lazy: only a running engine needs it (~10 ms at CLI start)
 
         core = self.llm.llm_engine.engine_core
         manager = getattr(getattr(core, "resources", None), "engine_manager", None)
@@ -159,7 +159,7 @@ class VLLMPolicy:
             if self._closing:
                 return
             self.dead = "its engine process exited"
-            from vllm.v1.engine.exceptions import EngineDeadError
+            from vllm.v1.engine.exceptions import EngineDeadError  # lazy: optional dependency (vllm)
 
             outputs.put_nowait(EngineDeadError())
 
@@ -181,7 +181,7 @@ class VLLMPolicy:
     # --- sampling --------------------------------------------------------------------------------------
 
     def _sampling(self, seed: int, max_new_tokens: int):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # lazy: optional dependency (vllm)
 
         return SamplingParams(temperature=self.temperature, max_tokens=max_new_tokens, seed=seed,
                               logprobs=self.top_k, stop_token_ids=self.stop_ids, detokenize=False,
@@ -213,7 +213,7 @@ class VLLMPolicy:
 
         A row's response is at most ``max_new_tokens`` and never past ``max_model_len`` (vLLM caps it).
         """
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # lazy: optional dependency (vllm)
 
         limit = max_new_tokens or self.max_new_tokens
         for p in prompts:
@@ -242,8 +242,8 @@ class VLLMPolicy:
     def prompt_logprobs(self, prompt: list[int]) -> list[float]:
         """log p(prompt[i] | prompt[:i]) for i ≥ 1 under the served weights, untempered: what a trainer's
         forward of ``prompt`` gives (the check that a weight sync arrived)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # lazy: optional dependency (vllm)
+        from vllm.inputs import TokensPrompt  # lazy: optional dependency (vllm)
 
         self._check_length(prompt, 1)
         out = self._generate([TokensPrompt(prompt_token_ids=list(prompt))],
@@ -255,7 +255,7 @@ class VLLMPolicy:
     def sync_weights(self, state_dict: dict) -> float:
         """Load ``state_dict`` (Hugging Face names -> tensors) into the engine; returns the seconds it
         took. Every worker must report loaded parameters, else :class:`EngineError`."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # lazy: loads torch; this module loads at CLI start
 
         self._alive()
         t0 = time.perf_counter()

@@ -13,6 +13,8 @@ nothing of memorywalker's beyond this module.
 
 from __future__ import annotations
 
+from safetensors.torch import load_file
+
 
 class WeightSyncExtension:
     """Mixed into vLLM's ``Worker`` (which provides ``reload_weights``)."""
@@ -20,8 +22,6 @@ class WeightSyncExtension:
     def memorywalker_load_weights(self, path: str) -> int:
         """Load every tensor of the safetensors file ``path`` into the served model; returns how many
         tensors were read."""
-        from safetensors.torch import load_file
-
         weights = load_file(path)  # a tmpfs file: read from memory, no copy through the RPC
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         return len(weights)

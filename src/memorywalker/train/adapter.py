@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from memorywalker.train.config import AdapterConfig
+from memorywalker.train.refcache import template_hash, tokenizer_hash, weights_hash
 
 ADAPTER_MANIFEST = "adapter_manifest.json"
 
@@ -29,7 +30,7 @@ def apply_adapter(model: torch.nn.Module, cfg: AdapterConfig) -> torch.nn.Module
     function until the first update."""
     if cfg.kind == "none":
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # lazy: peft loads transformers; only LoRA runs need it
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in cfg.target_modules if t not in names]
@@ -59,8 +60,6 @@ def write_adapter_manifest(out_dir: str | Path, *, cfg: AdapterConfig, base_mode
                            tokenizer, dtype: str, data: list[str] | None = None,
                            evaluations: list[str] | None = None) -> Path:
     """``out_dir/adapter_manifest.json``: what the adapter needs to be applied and reproduced."""
-    from memorywalker.train.refcache import template_hash, tokenizer_hash
-
     manifest: dict[str, Any] = {
         "kind": cfg.kind, "rank": cfg.rank, "alpha": cfg.alpha, "target_modules": list(cfg.target_modules),
         "dropout": cfg.dropout, "base_model": str(base_model), "base_model_hash": base_hash,
@@ -75,9 +74,7 @@ def write_adapter_manifest(out_dir: str | Path, *, cfg: AdapterConfig, base_mode
 def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, *, trainable: bool = False):
     """``model`` with the adapter of ``adapter_dir`` applied (a PEFT model), after checking that
     ``model`` is the base the adapter's manifest pins."""
-    from peft import PeftModel
-
-    from memorywalker.train.refcache import weights_hash
+    from peft import PeftModel  # lazy: peft loads transformers; only adapter dirs need it
 
     adapter_dir = Path(adapter_dir)
     path = adapter_dir / ADAPTER_MANIFEST

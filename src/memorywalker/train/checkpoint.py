@@ -35,7 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FSDPModule
 
 from memorywalker.fileio import file_sha256, naming
 
@@ -256,17 +259,12 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
 
 
 def state_dicts(model, optimizer):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     return get_state_dict(model, optimizer)  # FQN-keyed (sharded DTensors under FSDP)
 
 
 def load_sharded(path: Path, model, optimizer) -> None:
     """Restore model and optimizer from a DCP checkpoint folder, on any world size (collective when
     distributed; an unsharded model on one process reads every shard)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
     msd, osd = state_dicts(model, optimizer)  # templates; initializes AdamW's moments (lr 0)
     target = {"model": msd, "optim": osd}
     dcp.load(target, checkpoint_id=str(Path(path) / DCP_DIR))
@@ -274,8 +272,6 @@ def load_sharded(path: Path, model, optimizer) -> None:
 
 
 def _is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 

@@ -21,7 +21,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from memorywalker.engine import get_method
 from memorywalker.engine.config import EngineConfig
+from memorywalker.objectives.normalize import TARGET_NORMALIZATIONS
+from memorywalker.render import RenderOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -128,8 +131,6 @@ class TrainConfig(RecipeConfig):
 
     def render_options(self, **fields):
         """How this recipe renders its records (``fields``: the recipe's, e.g. ``truncated``)."""
-        from memorywalker.render import RenderOptions
-
         return RenderOptions(full_view_artifacts=self.sdcc_full_view_artifacts, **fields)
 
     @field_validator("sdcc_students")
@@ -142,16 +143,12 @@ class TrainConfig(RecipeConfig):
     @field_validator("method")
     @classmethod
     def _method(cls, v: str) -> str:
-        from memorywalker.engine import get_method
-
         get_method(v)  # raises with the valid names
         return v
 
     @field_validator("normalization")
     @classmethod
     def _normalization(cls, v: str) -> str:
-        from memorywalker.objectives.normalize import TARGET_NORMALIZATIONS
-
         if v not in TARGET_NORMALIZATIONS:
             raise ValueError(f"unknown normalization {v!r}; valid: {', '.join(TARGET_NORMALIZATIONS)}")
         return v

@@ -48,8 +48,22 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from memorywalker.attention.masks import attention_implementation
+from memorywalker.train.checkpoint import (
+    DCP_DIR,
+    save_checkpoint,
+    save_final,
+    seal_checkpoint,
+    state_dicts,
+    write_extras,
+)
+from memorywalker.train.config import ConfigError
+from memorywalker.train.distributed import barrier
 
 
 class CollectiveError(RuntimeError):
@@ -61,8 +75,6 @@ class CollectiveError(RuntimeError):
 
 def fsdp_modules(model: torch.nn.Module) -> list:
     """The modules ``fully_shard`` was applied to, in module order (the same on every rank)."""
-    from torch.distributed.fsdp import FSDPModule
-
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
@@ -88,9 +100,6 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     gradients reduced in float32; the sharded master weights keep the model's dtype.
     ``activation_checkpointing``: each decoder layer recomputes its activations in backward.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32) \
@@ -225,10 +234,6 @@ def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[s
                  keep: int = 2) -> Path:
     """Every rank: write checkpoint ``step`` with DCP into a temporary folder; rank 0 seals it with
     the manifest (atomic, verified) and prunes old ones. Collective."""
-    import torch.distributed.checkpoint as dcp
-
-    from memorywalker.train.checkpoint import DCP_DIR, seal_checkpoint, state_dicts, write_extras
-
     root = Path(run_dir) / "checkpoints"
     tmp = root / f".tmp-step-{step:06d}-dcp"
     rank0 = dist.get_rank() == 0
@@ -250,10 +255,7 @@ def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[s
 def export_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, Any] | None = None) -> Path:
     """``run_dir/final`` from a sharded model: the full weights gathered once (collective), written by
     rank 0 with ``save_pretrained`` from an unsharded copy of the architecture."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import AutoModelForCausalLM
-
-    from memorywalker.train.checkpoint import save_final
+    from transformers import AutoModelForCausalLM  # lazy: transformers (~3 s) only for a sharded export
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     final = Path(run_dir) / "final"
@@ -277,8 +279,6 @@ def parallelize(model: torch.nn.Module, cfg, info) -> torch.nn.Module:
     """The model a recipe trains: sharded with FSDP2 when ``cfg.parallel == "fsdp"`` and several ranks
     run, else as loaded (``ddp``: replicated, gradients summed once per step by the recipe)."""
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and cfg.parallel != "fsdp":
-        from memorywalker.train.config import ConfigError
-
         raise ConfigError("accelerate launched this run with an FSDP config, but parallel="
                           f"{cfg.parallel!r}: pass parallel=fsdp (the recipe shards the model itself)")
     if cfg.parallel != "fsdp" or info.world_size == 1:
@@ -291,9 +291,6 @@ def parallelize(model: torch.nn.Module, cfg, info) -> torch.nn.Module:
 
 def save_step(run_dir, step: int, model, optimizer, state: dict[str, Any], *, keep: int, info) -> None:
     """Checkpoint ``step`` on every rank: sharded (DCP, collective) or rank 0's single-file one."""
-    from memorywalker.train.checkpoint import save_checkpoint
-    from memorywalker.train.distributed import barrier
-
     if is_sharded(model):
         save_sharded(run_dir, step, model, optimizer, state, keep=keep)
         return
@@ -304,9 +301,6 @@ def save_step(run_dir, step: int, model, optimizer, state: dict[str, Any], *, ke
 
 def save_model(run_dir, model, tokenizer, provenance: dict[str, Any], info) -> None:
     """``run_dir/final`` on every rank: consolidated from the shards, or rank 0's copy."""
-    from memorywalker.train.checkpoint import save_final
-    from memorywalker.train.distributed import barrier
-
     if is_sharded(model):
         export_final(run_dir, model, tokenizer, provenance)
         return

@@ -27,7 +27,7 @@ _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length
 def model_positions(model: str | Path) -> int | None:
     """The number of positions of a local model dir (its ``config.json``), of an adapter dir's base
     model, or of ``kit``; None when it cannot be read (the model load reports why, later)."""
-    from memorywalker.train.model import resolve_dirs
+    from memorywalker.train.model import resolve_dirs  # lazy: train.model loads torch; the readers need none
 
     model_dir, _ = resolve_dirs(str(model))
     try:

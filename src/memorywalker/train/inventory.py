@@ -43,8 +43,8 @@ def inventory(base_params: float, adapter_params: int) -> dict[str, float]:
 def from_model_config(config_path, rank: int, target_modules: Sequence[str]) -> tuple[int, int]:
     """``(base parameters, adapter parameters)`` of a Hugging Face model config (a ``config.json`` or a
     model dir), counted on the meta device: nothing is allocated or downloaded."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # lazy: torch/transformers only for a model config (the arithmetic needs none)
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: as torch
 
     config = AutoConfig.from_pretrained(config_path, local_files_only=True)
     with torch.device("meta"):

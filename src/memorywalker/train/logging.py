@@ -43,7 +43,7 @@ class MetricsLogger:
                 tmp.replace(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: optional dependency (tensorboard)
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         if wandb is not None:
@@ -76,7 +76,7 @@ class MetricsLogger:
 def _wandb_run(run_dir: Path, project: str, mode: str, config: dict[str, Any]):
     """One W&B run per run_dir, resumed under the same id (kept in run_dir/wandb/run_id)."""
     try:
-        import wandb
+        import wandb  # optional dependency (the wandb extra)
     except ImportError:
         raise ValueError('wandb=true needs the wandb package: pip install "memorywalker[wandb]"') from None
     id_file = run_dir / "wandb" / "run_id"

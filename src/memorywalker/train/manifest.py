@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,6 @@ MANIFEST_NAME = "training_manifest.json"
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("memorywalker")
     except PackageNotFoundError:  # not installed as a distribution (a PYTHONPATH checkout)
@@ -56,7 +55,7 @@ def write_training_manifest(run_dir: str | Path, *, recipe: str, cfg, tokenizer,
                             inputs: list[str | Path] = (), records: list[dict[str, Any]] = (),
                             target_rule: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write ``run_dir/training_manifest.json`` (atomically) and return its path."""
-    from memorywalker.train.refcache import template_hash, tokenizer_hash
+    from memorywalker.train.refcache import template_hash, tokenizer_hash  # lazy: torch; eval needs none
 
     run_dir = Path(run_dir)
     manifest = {

@@ -3,20 +3,20 @@ packaged pretrained model by name once converted (``smollm2-135m``: :mod:`memory
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+
+from memorywalker.modelkit import default_kit
+from memorywalker.modelkit.pretrained import model_path
 
 
 def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
     """``(model_dir, tokenizer_dir)``: ``kit`` builds (once) and uses :func:`~memorywalker.modelkit.default_kit`;
     a :data:`~memorywalker.modelkit.pretrained.PACKAGED` name is its converted dir (FileNotFoundError naming
     ``memorywalker models get NAME`` when it is not converted); the tokenizer defaults to the model dir's."""
-    from memorywalker.modelkit.pretrained import model_path
-
     if model == "kit":
-        from memorywalker.modelkit import default_kit
-
         tok_dir, model_dir = default_kit()
         return model_dir, Path(tokenizer) if tokenizer else tok_dir
     model_dir = model_path(model)  # a packaged name (smollm2-135m) is its converted dir
@@ -26,7 +26,7 @@ def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
 def load_tokenizer(model: str, tokenizer: str | None = None):
     """The tokenizer a recipe uses (``tokenizer`` dir, else the model dir's; an adapter dir holds its
     own), loaded before the model so that the data can be checked against its vocabulary first."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~3 s); resolve_dirs users need none
 
     _, tok_dir = resolve_dirs(model, tokenizer)
     if not tok_dir.is_dir():
@@ -38,7 +38,7 @@ def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.d
     """``(model, tokenizer)`` from local dirs only (nothing is downloaded). An adapter dir (one written
     with ``adapter.kind=lora``) loads its base, checks the base hash its manifest pins, and merges
     the adapter into the weights."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as in load_tokenizer
 
     model_dir, tok_dir = resolve_dirs(model, tokenizer)
     if (model_dir / "adapter_config.json").is_file():
@@ -52,9 +52,7 @@ def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.d
 
 
 def _load_merged_adapter(adapter_dir: Path, tokenizer: str | None, *, dtype: str, device: torch.device):
-    import json
-
-    from memorywalker.train.adapter import load_adapter
+    from memorywalker.train.adapter import load_adapter  # lazy: +0.2 s (engine); resolve_dirs users need none
 
     base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:

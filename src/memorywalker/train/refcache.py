@@ -29,6 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from memorywalker.engine import run
+from memorywalker.layout import Batch
+from memorywalker.tree.pairs import scored_targets
+
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -122,10 +126,6 @@ def reference_sums(model, pairs: list, settings: dict[str, Any], cache: RefCache
                    batch_pairs: int = 8) -> torch.Tensor:
     """float64 [P, 2] reference logprob sums (chosen, rejected) of each pair's scored targets: from the
     cache, else by the engine (``engine_cfg``: an exact method, no backward) on ``model``."""
-    from memorywalker.engine import run
-    from memorywalker.layout import Batch
-    from memorywalker.tree.pairs import scored_targets
-
     out = torch.zeros(len(pairs), 2, dtype=torch.float64)
     keys = [[side_key(settings, pair_side_calls(p, s)) for s in (0, 1)] for p in pairs]
     todo = []

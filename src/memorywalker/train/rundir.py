@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -40,6 +41,8 @@ from pydantic import BaseModel
 
 from memorywalker.fileio import file_sha256, naming, write_text_atomic
 from memorywalker.train.config import ConfigError
+from memorywalker.train.distributed import gather_objects, init_distributed
+from memorywalker.train.refcache import template_hash, tokenizer_hash
 
 RUN_ARTIFACTS = ("config.json", "metrics.jsonl", "checkpoints", "final")
 LOCK_NAME = ".memorywalker.lock"
@@ -146,8 +149,6 @@ def owned_run_dir(cfg: BaseModel, recipe: str) -> Iterator[RunDirLock | None]:
     """Hold ``cfg.run_dir``'s lock for the block: rank 0 takes it, every rank raises
     :class:`RunDirInUse` when it could not (one all-gather, so no rank waits at a barrier for a rank
     that failed); released when the block ends, normally or not."""
-    from memorywalker.train.distributed import gather_objects, init_distributed
-
     info = init_distributed(getattr(cfg, "collective_timeout", None))
     lock, refusal = None, None
     if info.is_main:
@@ -197,10 +198,6 @@ def input_hashes(tokenizer, trajectories=None, **files: str | Path | None) -> di
     """Content hashes of what a run reads: each named input file (SHA-256 of its bytes), the data given
     in memory when there is no data file (SHA-256 of its records), the tokenizer and its chat
     template. Kept in every checkpoint, compared on resume (:func:`check_resumed`)."""
-    import hashlib
-
-    from memorywalker.train.refcache import template_hash, tokenizer_hash  # refcache loads torch: on use only
-
     out = {"tokenizer": tokenizer_hash(tokenizer), "chat_template": template_hash(tokenizer)}
     out.update({name: file_sha256(p) for name, p in files.items() if p})
     if "data" not in out and trajectories is not None:

@@ -21,10 +21,16 @@ import random
 import re
 from typing import Any
 
+from tqdm import tqdm
+
+from memorywalker.records import TrajectoryReader, write_trajectories
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, Trajectory
+from memorywalker.render.types import message_to_hf
+from memorywalker.rollout import WebSearchEnv
 from memorywalker.rollout.env import exact_match
 from memorywalker.rollout.expert import NOTE_RE, RESULT_RE
+from memorywalker.transforms.augment import render_tokens
 
 TRANSFORM, VERSION = "compile-acc", "1"
 SYSTEM = "Answer the question from the documents. Write the facts you use, one per line, then 'Answer: ...'."
@@ -133,8 +139,6 @@ def compile_record(parent: Trajectory, world, tokenizer, *, budget: int, seed: i
 
 
 def world_of(traj: Trajectory):
-    from memorywalker.rollout import WebSearchEnv
-
     cfg = {k: v for k, v in (traj.meta.get("env") or {}).items() if k != "name"}
     if (traj.meta.get("env") or {}).get("name") != "websearch":
         raise ValueError(f"{traj.id}: compile-acc needs a websearch episode (its pages), not {traj.meta.get('env')}")
@@ -143,11 +147,6 @@ def world_of(traj: Trajectory):
 
 def compile_file(src, out, tokenizer, *, budget: int, seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """Compile every record of ``src`` into ``out``; the counts, rejection reasons and token expansion."""
-    from tqdm import tqdm
-
-    from memorywalker.records import TrajectoryReader, write_trajectories
-    from memorywalker.transforms.augment import render_tokens
-
     worlds: dict[str, Any] = {}
     out_recs, reasons, tp, tc = [], {}, 0, 0
     parents = list(TrajectoryReader(src))
@@ -177,9 +176,7 @@ def qa_answer(text: str) -> str:
 
 def qa_accuracy(model, tokenizer, records: list[Trajectory], *, max_new_tokens: int = 48) -> dict[str, float]:
     """Per held-out compiled record (task id): 1.0 when greedy decoding's answer matches the task's."""
-    import torch
-
-    from memorywalker.render.types import message_to_hf
+    import torch  # lazy: only qa_accuracy needs torch (compile-acc runs without it)
 
     out = {}
     for r in records:

@@ -31,8 +31,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+from tqdm import tqdm
+
+from memorywalker.records import TrajectoryReader, write_trajectories
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
+from memorywalker.render.types import message_to_hf
+from memorywalker.rollout import ENVIRONMENTS
 from memorywalker.rollout.env import Environment, StepResult
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
@@ -284,8 +290,6 @@ def _offered(tools: list[str], env_tools: set[str], m: SchemaMap) -> list[str]:
 def record_strings(traj: Trajectory) -> list[str]:
     """Every string of a record and every key of its free-form dicts (meta, outcome, arguments, JSON schemas),
     except its parent's id (``lineage.parent``). Field names of the record schema itself are structure."""
-    from pydantic import BaseModel
-
     out: list[str] = []
 
     def walk(v: Any) -> None:
@@ -325,8 +329,6 @@ def check_no_old_identifiers(traj: Trajectory, m: SchemaMap) -> None:
 
 def render_tokens(traj: Trajectory, tokenizer) -> int:
     """Tokens of the whole transcript with its tool table (what the expansion ratio compares)."""
-    from memorywalker.render.types import message_to_hf
-
     tools = [{"type": "function", "function": t.model_dump(mode="json")} for t in traj.tools] or None
     text = tokenizer.apply_chat_template([message_to_hf(x) for x in traj.messages], tools=tools, tokenize=False)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -334,8 +336,6 @@ def render_tokens(traj: Trajectory, tokenizer) -> int:
 
 def env_tools_of(traj: Trajectory) -> list[ToolSchema]:
     """The environment's own tools of a recorded episode (the harness's are not renamed)."""
-    from memorywalker.rollout import ENVIRONMENTS
-
     name = (traj.meta.get("env") or {}).get("name")
     if name not in ENVIRONMENTS:
         raise ValueError(f"{traj.id}: environment {name!r} unknown; valid: {', '.join(ENVIRONMENTS)}")
@@ -347,10 +347,6 @@ def augment_file(src, out, *, copies: int = 1, seed: int = 0, distractors: int =
                  progress: bool = False) -> dict[str, Any]:
     """Write ``copies`` augmented records of every record of ``src`` to ``out``; return the counts and, with
     ``tokenizer``, the token expansion ratio (derived tokens / parent tokens, over the records written)."""
-    from tqdm import tqdm
-
-    from memorywalker.records import TrajectoryReader, write_trajectories
-
     parents = list(TrajectoryReader(src))
     children, rejected, tok_parent, tok_child = [], [], 0, 0
     for p in tqdm(parents, desc="augment", unit="rec", disable=not progress):

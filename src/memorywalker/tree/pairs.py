@@ -22,6 +22,7 @@ The **scored set** of each side is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -133,8 +134,6 @@ def scored_targets(batch, pairs: list[AdmittedPair]) -> tuple[np.ndarray, np.nda
 def read_pairs(path) -> list[tuple[str, str]]:
     """``(chosen_id, rejected_id)`` per line of a JSONL file of ``{"chosen": ID, "rejected": ID}``.
     A malformed line raises ``ValueError`` naming the file and the line."""
-    import json
-
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):

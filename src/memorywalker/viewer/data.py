@@ -14,10 +14,12 @@ up to millions of tokens embeds only its message table (the unique text) plus a 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from memorywalker.records.schema import Message, Trajectory
 from memorywalker.tree.segments import message_segments
+from memorywalker.tree.tree import ConditioningTree
 
 
 def message_text(m: Message) -> str:
@@ -28,8 +30,6 @@ def message_text(m: Message) -> str:
     ...                      tool_calls=[ToolCall(id="c", name="ls", arguments={"path": "."})]))
     'ok\\n→ ls({"path": "."})'
     """
-    import json
-
     parts = []
     if m.reasoning:
         parts.append(f"[reasoning] {m.reasoning}")
@@ -91,8 +91,6 @@ def view_data(traj: Trajectory, *, renderer=None, gap: dict | None = None) -> di
 
 def _token_view(traj: Trajectory, renderer, calls: list[dict]) -> tuple[list[int], dict]:
     """Render every call; fill each call's sizes and response tokens; return token-level segments."""
-    from memorywalker.tree.tree import ConditioningTree
-
     rt = renderer.render(traj)
     tree = ConditioningTree.build([rt])
     tok = renderer.tok

@@ -156,9 +156,9 @@ def test_failed_sessions_are_kept_with_their_reason_and_left_out_of_the_group(ki
     assert by_task["hang"]["failed"].startswith("deadline: the harness was killed after 3 s")
     assert by_task["hang"]["returncode"] is None and by_task["hang"]["calls"] == 0
     assert by_task["broken"]["calls"] == 3 and by_task["broken"]["reward"] is None
-    trained = {t.meta["rl"]["task"]: t.meta["rl"]["trained"] for t in
+    trained = {t.meta["rl"]["task"]: (t.meta["rl"]["trained"], t.reward) for t in
                read_trajectories(tmp_path / "run" / "rollouts" / "step-0.jsonl")}
-    assert trained == {"ok": True, "broken": False}  # kept in the records, out of the group
+    assert trained == {"ok": (True, 1.0), "broken": (False, None)}  # kept in the records, out of the group
 
 
 def test_kill_9_mid_step_resumes_from_the_checkpoint_and_collects_that_step_anew(kit, tmp_path):

@@ -91,18 +91,17 @@ class HarnessRollouts:
                                    sandbox=self.sandbox, workroot=workroot, keep_workdirs=cfg.keep_workdirs,
                                    verifier_timeout_s=cfg.verifier_timeout)
         seconds = time.perf_counter() - started
-        self._write(step, results)
-
-        groups = []
-        for i in range(len(tasks)):
-            group = []
-            for r in results[i * cfg.group_size:(i + 1) * cfg.group_size]:
-                main = r.main
-                if main is None or (r.failed is not None and cfg.failed_sessions == "exclude"):
-                    continue
+        trained = []  # per session, its main line when it joins its group's advantage
+        for r in results:
+            main = r.main
+            if main is not None and (r.failed is None or cfg.failed_sessions == "zero"):
                 main.reward = r.reward if r.failed is None else 0.0
-                group.append(main)
-            groups.append(group)
+                trained.append(main)
+            else:
+                trained.append(None)
+        self._write(step, results, trained)
+        g = cfg.group_size
+        groups = [[t for t in trained[i * g:(i + 1) * g] if t is not None] for i in range(len(tasks))]
         return groups, results, self._metrics(results, seconds)
 
     def _set_aside(self, step: int) -> None:
@@ -117,13 +116,12 @@ class HarnessRollouts:
             warnings.warn(f"rl: step {step}'s rollouts from an interrupted run moved to {dest}; collecting anew",
                           stacklevel=2)
 
-    def _write(self, step: int, results: list[SessionResult]) -> None:
+    def _write(self, step: int, results: list[SessionResult], trained: list[Trajectory | None]) -> None:
         with TrajectoryWriter(self.root / f"step-{step}.jsonl") as w:
-            for r in results:
+            for r, main in zip(results, trained, strict=True):
                 for t in r.trajectories:
                     t.meta["rl"] = {"step": step, "task": r.job.task.id, "sample": r.job.sample, "session": r.job.tag,
-                                    "reward": r.reward, "failed": r.failed,
-                                    "trained": t is r.main and (r.failed is None or self.cfg.failed_sessions == "zero")}
+                                    "reward": r.reward, "failed": r.failed, "trained": t is main}
                     w.write(t)
         with open(self.root / f"step-{step}.sessions.jsonl", "w", encoding="utf-8") as f:
             for r in results:

@@ -21,6 +21,7 @@ space left on device"); :func:`naming` puts the path back, so the CLI prints one
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -112,8 +113,6 @@ __all__ = ["as_os_error", "atomic_write", "naming", "temporary_name", "write_tex
 
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 (hex) of a file, read in 1 MiB blocks: checkpoints, packaged models and corpora pin files by it."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

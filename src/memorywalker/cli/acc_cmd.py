@@ -26,12 +26,12 @@ def compile_acc_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Opened pages (gold) + unvisited results (distractors), shuffled and packed to B; question; notes + answer."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
-    from memorywalker.transforms.acc import compile_file
+    from memorywalker.transforms.acc import compile_file  # lazy: the command's machinery, only when it runs
 
     if tokenizer is None:
-        from memorywalker.modelkit import default_kit
+        from memorywalker.modelkit import default_kit  # lazy: as above
 
         tokenizer, _ = default_kit()
     summary = compile_file(src, output, AutoTokenizer.from_pretrained(tokenizer), budget=budget, seed=seed,

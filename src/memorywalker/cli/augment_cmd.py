@@ -30,12 +30,12 @@ def augment_cmd(
 ) -> None:
     """Rename tools and arguments, reorder declarations and fields, add distractor tools, drop an optional
     argument — coherently across schemas, calls, observations and errors; report the token expansion."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
-    from memorywalker.transforms.augment import augment_file
+    from memorywalker.transforms.augment import augment_file  # lazy: the command's machinery
 
     if tokenizer is None:
-        from memorywalker.modelkit import default_kit
+        from memorywalker.modelkit import default_kit  # lazy: as above
 
         tokenizer, _ = default_kit()
     tok = AutoTokenizer.from_pretrained(tokenizer)

@@ -38,12 +38,15 @@ import json
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from memorywalker.cli.bench_rollouts import bench_rollouts
 
 
 def register(app: typer.Typer) -> None:
     bench = typer.Typer(help="Benchmarks (not timed tests).", no_args_is_help=True)
     bench.command("engines")(bench_engines)
-    from memorywalker.cli.bench_rollouts import bench_rollouts
 
     bench.command("rollouts")(bench_rollouts)
     app.add_typer(bench, name="bench")
@@ -89,9 +92,9 @@ def bench_engines(
     json_out: str = typer.Option(None, "--json", help="write the results as JSON to this path ('-' = stdout)"),
 ) -> None:
     """Tokens, passes, time per tree, peak memory and logprob error vs a plain per-call forward, per method."""
-    from memorywalker.bench.engines import run_bench
-    from memorywalker.bench.shapes import SHAPES
-    from memorywalker.engine.methods import method_names, parse_methods
+    from memorywalker.bench.engines import run_bench  # lazy: the command's machinery (torch)
+    from memorywalker.bench.shapes import SHAPES  # lazy: the command's machinery, only when it runs
+    from memorywalker.engine.methods import method_names, parse_methods  # lazy: pulls torch
 
     try:
         chosen = list(parse_methods(methods)) if methods else method_names()
@@ -122,9 +125,6 @@ def bench_engines(
 
 
 def _print_table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     c = result["config"]
     what = (f"{c['data']}" if c["data"] else
             f"{c['group_size']} rollouts, {c['turns']} calls, {c['evictions']} evictions")

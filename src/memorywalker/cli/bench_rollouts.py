@@ -30,6 +30,10 @@ from pathlib import Path
 import typer
 
 from memorywalker.cli import renamed
+from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, plan, run_episode, run_episodes
+from memorywalker.rollout.harness import call_seed
+from memorywalker.samplers.hf import HFPolicy
+from memorywalker.samplers.vllm import VLLMPolicy
 
 
 def bench_rollouts(
@@ -85,13 +89,10 @@ def bench_rollouts(
 def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
                       group: int, temperature: float, max_new_tokens: int, max_turns: int, repeats: int,
                       seed: int, dtype: str = "float32") -> dict:
-    from transformers import AutoTokenizer
-
-    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, run_episode, run_episodes
-    from memorywalker.samplers.hf import HFPolicy
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
     if model_dir is None:
-        from memorywalker.modelkit import default_kit
+        from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
 
         tokenizer_dir, model_dir = default_kit()
     if env_name not in ENVIRONMENTS:
@@ -136,9 +137,6 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
 
 
 def _jobs(world, suite: str, tasks: int, group: int, seed: int, harness: str):
-    from memorywalker.rollout import EpisodeJob, plan
-    from memorywalker.rollout.harness import call_seed
-
     return [EpisodeJob(e.task, call_seed(seed, e.task.id, j), f"{e.task.id}-r{j}")
             for e in plan(world, suite, tasks, seed=seed, harness=harness, split="train") for j in range(group)]
 
@@ -146,10 +144,7 @@ def _jobs(world, suite: str, tasks: int, group: int, seed: int, harness: str):
 def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
                  group: int, temperature: float, max_new_tokens: int, max_turns: int, seed: int, dtype: str) -> dict:
     """The same jobs as :func:`run_rollout_bench`, in lockstep through a vLLM engine, timed once."""
-    from transformers import AutoTokenizer
-
-    from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, run_episodes
-    from memorywalker.samplers.vllm import VLLMPolicy
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
     if model_dir is None:
         raise typer.BadParameter("--vllm needs --model: a model vLLM serves (the default kit's head_dim 16 is "
@@ -158,7 +153,7 @@ def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
     t0 = time.perf_counter()
-    from memorywalker.train.inputs import model_positions
+    from memorywalker.train.inputs import model_positions  # lazy: the command's machinery, only when it runs
 
     window = min(cfg.max_context + max_new_tokens, model_positions(model_dir) or cfg.max_context + max_new_tokens)
     policy = VLLMPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok,

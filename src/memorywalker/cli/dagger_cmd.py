@@ -8,11 +8,13 @@ derived records), ``OUT/sft-k/`` (the retrained learner), ``OUT/eval-round-k.jso
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
 from memorywalker.cli import renamed
+from memorywalker.rollout import SUITES
 from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
 
 
@@ -41,10 +43,7 @@ def dagger_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Roll out the learner, label its states with a verified labeler, aggregate, retrain; per round."""
-    import json
-
-    from memorywalker.recipes.dagger import DaggerConfig, run_dagger
-    from memorywalker.rollout import SUITES
+    from memorywalker.recipes.dagger import DaggerConfig, run_dagger  # lazy: the command's machinery
 
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
@@ -62,7 +61,7 @@ def dagger_cmd(
         raise typer.BadParameter(f"{output} is not empty; use a new run directory")
     tokenizer_dir = None
     if model == "kit":
-        from memorywalker.modelkit import default_kit
+        from memorywalker.modelkit import default_kit  # lazy: as above
 
         tok_dir, model_dir = default_kit()
         model, tokenizer_dir = str(model_dir), str(tok_dir)

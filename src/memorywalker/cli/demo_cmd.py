@@ -23,20 +23,20 @@ def demo(
 ):
     """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
     from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
-    from memorywalker.metrics.report import (
+    from memorywalker.metrics.report import (  # lazy: the command's machinery (torch), only when it runs
         READ_TOLERANCE,
         readme_differences,
         readme_table,
         results_table,
         seeds_table,
     )
-    from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds
+    from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds  # lazy: as above
 
     if seeds > 1 and check_readme is not None:
         raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")
     cfg = replace(QUICK if quick else FULL, seed=seed)
     if methods is not None:
-        from memorywalker.engine.methods import parse_methods
+        from memorywalker.engine.methods import parse_methods  # lazy: as above
 
         try:
             chosen = parse_methods(methods, reference=False)

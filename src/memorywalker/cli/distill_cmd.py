@@ -13,6 +13,9 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.records import read_trajectories, write_trajectories
+from memorywalker.render import Renderer
+
 
 def register(app: typer.Typer) -> None:
     app.command("distill")(distill_cmd)
@@ -29,22 +32,24 @@ def distill_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Write derived records of INPUT (schema v1, lineage to each parent) and report the token expansion."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: tqdm (~30 ms) loads only when the command runs
 
-    from memorywalker.records import read_trajectories, write_trajectories
-    from memorywalker.transforms.distill import FILTER_TEACHER, STRIP_GUIDANCE, WEBSEARCH_GUIDANCE, distill
+    from memorywalker.transforms.distill import (  # lazy: the command's machinery, only when it runs
+        FILTER_TEACHER,
+        STRIP_GUIDANCE,
+        WEBSEARCH_GUIDANCE,
+        distill,
+    )
 
     if strip == filter_:
         raise typer.BadParameter("pass exactly one of --strip-guidance, --filter-teacher")
     trajs = read_trajectories(input)
     renderer, guidance = None, None
     if strip:
-        from transformers import AutoTokenizer
-
-        from memorywalker.render import Renderer
+        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
         if tokenizer is None:
-            from memorywalker.modelkit import default_kit
+            from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
 
             tokenizer = default_kit()[0]
         renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer))

@@ -17,13 +17,13 @@ import sys
 import typer
 from typer.core import TyperGroup
 
+from memorywalker.records.validate import RecordError
+
 INPUT_ERROR = 2
 INTERNAL_ERROR = 1
 
 
 def _input_error(e: BaseException) -> bool:
-    from memorywalker.records.validate import RecordError
-
     if isinstance(e, OSError | ValueError | RecordError):  # ConfigError is a ValueError
         return True
     return type(e).__name__ in ("TOMLDecodeError",)

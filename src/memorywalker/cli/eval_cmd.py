@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from memorywalker.cli import renamed
+from memorywalker.rollout import ENVIRONMENTS
 from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
 
 
@@ -66,10 +68,12 @@ def eval_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Run a checkpoint (and a baseline) on suites under a compressor; report acceptance, call validity, cost."""
-    from rich.console import Console
-
-    from memorywalker.eval.evaluate import EvalConfig, evaluate, load_candidate, report_tables
-    from memorywalker.rollout import ENVIRONMENTS
+    from memorywalker.eval.evaluate import (  # lazy: the command's machinery, only when it runs
+        EvalConfig,
+        evaluate,
+        load_candidate,
+        report_tables,
+    )
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
@@ -94,7 +98,7 @@ def eval_cmd(
                      max_new_tokens=max_new_tokens, alpha=alpha, resamples=resamples, device=device)
     tok = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
     # The episodes of both sides must be rendered by one tokenizer: the model's is shared with an expert side.

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.records import TrajectoryReader
+
 
 def register(app: typer.Typer) -> None:
     app.command()(export)
@@ -21,8 +23,12 @@ def export(
     rejects: Path | None = typer.Option(None, help="write rejected input lines with their reasons here (JSONL)"),
 ) -> None:
     """Export trajectories as datasets trainers read (see `memorywalker.export`)."""
-    from memorywalker.export import FORMATS, examples, trajectory_record, write_parquet
-    from memorywalker.records import TrajectoryReader
+    from memorywalker.export import (  # lazy: the command's machinery, only when it runs
+        FORMATS,
+        examples,
+        trajectory_record,
+        write_parquet,
+    )
 
     if format not in FORMATS:
         raise typer.BadParameter(f"unknown format {format!r}; valid: {', '.join(FORMATS)}")

@@ -10,14 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.records import TrajectoryReader
+from memorywalker.render import Renderer
+
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 def print_gap_table(report: dict, title: str = "train/rollout gap") -> None:
     """One row per method: logprob_abs_diff overall, on the floor (0 branches), heavy (2+ branches) and
     per bucket of branches before the call (B=0..3+), the other metrics overall. The title says the
     view; recorded evictions per bucket are in ``--json`` (``by_evictions``)."""
-    from memorywalker.metrics.gap import BUCKETS
-    from memorywalker.metrics.gap import fmt_metric as _fmt
+    from memorywalker.metrics.gap import BUCKETS  # lazy: metrics.gap pulls torch; off the CLI's start path
+    from memorywalker.metrics.gap import fmt_metric as _fmt  # lazy: as above
 
     table = Table(title=f"{title}, logprob_abs_diff by branches B before the call (segment index)")
     for c in ["method", "targets", "logprob_abs_diff", "floor", "heavy (2+)",
@@ -53,12 +56,10 @@ def gap(
     recorded rollout logprobs, overall, by branches before the call (its segment index: 0, 1, 2, 3+,
     whatever rewrote the history), heavy (2+ branches) and on the floor (calls before any branch).
     --json also buckets by recorded evictions (by_evictions)."""
-    import torch
+    import torch  # lazy: the command's machinery (torch), only when it runs
 
-    from memorywalker.engine import METHODS, method_names
-    from memorywalker.metrics.gap import AGAINST, gap_report
-    from memorywalker.records import TrajectoryReader
-    from memorywalker.render import Renderer
+    from memorywalker.engine import METHODS, method_names  # lazy: as above
+    from memorywalker.metrics.gap import AGAINST, gap_report  # lazy: as above
 
     method = method or method_names(reference=False)
     unknown = [m for m in method if m not in METHODS]
@@ -66,8 +67,8 @@ def gap(
         raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
     if against not in AGAINST:
         raise typer.BadParameter(f"--against {against!r}; valid: {list(AGAINST)}")
-    from memorywalker.train.inputs import FitsModel, model_positions
-    from memorywalker.train.model import load_model
+    from memorywalker.train.inputs import FitsModel, model_positions  # lazy: as above
+    from memorywalker.train.model import load_model  # lazy: as above
 
     lm, tok = load_model(model, str(tokenizer) if tokenizer else None, dtype=dtype, device=torch.device("cpu"))
     # Ids the tokenizer does not have, and calls longer than the model's positions: rejected before any forward.

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.table import Table
+
+from memorywalker.gateway.harnesses import settings_text
+from memorywalker.render import Renderer
 
 console = Console(stderr=True)
 
@@ -19,15 +23,14 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
                   lm=None, tok=None):
     """A :class:`~memorywalker.gateway.core.Gateway` for ``model`` behind ``backend`` (journals left by a
     killed gateway in ``out`` are finalized first)."""
-    from memorywalker.gateway.backends import make_backend
-    from memorywalker.gateway.core import Gateway, finalize_all
-    from memorywalker.render import Renderer
-    from memorywalker.train.inputs import model_positions
-    from memorywalker.train.model import resolve_dirs
+    from memorywalker.gateway.backends import make_backend  # lazy: the command's machinery, only when it runs
+    from memorywalker.gateway.core import Gateway, finalize_all  # lazy: as above
+    from memorywalker.train.inputs import model_positions  # lazy: as above
+    from memorywalker.train.model import resolve_dirs  # lazy: as above (torch)
 
     finalize_all(out)
     if tok is None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
         model_dir, tok_dir = resolve_dirs(model, tokenizer)
         if not tok_dir.is_dir():
@@ -78,9 +81,8 @@ def gateway(
     Point Claude Code, Codex CLI or OpenCode at it (--settings prints how). Each call's context is
     rendered once by the model's chat template; the ids sent to the backend are the call's
     context_tokens, the sampled ids and their logprobs its response_tokens / rollout_logprobs."""
-    from memorywalker.gateway.core import finalize_all
-    from memorywalker.gateway.harnesses import settings_text
-    from memorywalker.gateway.server import BackgroundServer, check_bind
+    from memorywalker.gateway.core import finalize_all  # lazy: the command's machinery, only when it runs
+    from memorywalker.gateway.server import BackgroundServer, check_bind  # lazy: uvicorn, only when run
 
     if settings:
         name = Path(model).name if model else "MODEL"
@@ -129,8 +131,6 @@ def gateway(
 
 
 def _table(gw):
-    from rich.table import Table
-
     if not gw.sessions:
         return None
     table = Table(title="open sessions")

@@ -9,7 +9,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from memorywalker.gateway.harnesses import PINNED  # stdlib only: cheap at CLI start
+from memorywalker.cli.gateway_cmd import build_gateway
+from memorywalker.gateway.harnesses import PINNED, capture  # stdlib only: cheap at CLI start
 
 console = Console(stderr=True)
 harness_app = typer.Typer(help="Run real harnesses against the recording gateway.", no_args_is_help=True)
@@ -33,9 +34,6 @@ def run(
     max_new_tokens: int = typer.Option(512, help="Cap on each response."),
 ):
     """Start the gateway, run HARNESS on PROMPT in a fresh workdir against it, and name the records it made."""
-    from memorywalker.cli.gateway_cmd import build_gateway
-    from memorywalker.gateway.harnesses import capture
-
     if harness not in PINNED:
         raise typer.BadParameter(f"unknown harness {harness!r}; valid: {sorted(PINNED)}")
     files = {}

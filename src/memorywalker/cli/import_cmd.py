@@ -16,8 +16,13 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from memorywalker.importers import IMPORTERS
+from memorywalker.fileio import atomic_write
+from memorywalker.importers import IMPORTERS, ImportOptions, run_import
+from memorywalker.importers.billed import check_counts
+from memorywalker.records import write_trajectories
 
 
 def register(app: typer.Typer) -> None:
@@ -36,19 +41,11 @@ def import_logs(
     strict: bool = typer.Option(False, "--strict", help="exit 2 when anything was rejected, not only when nothing was imported"),
 ) -> None:
     """Import harness logs as trajectories with the contexts each model call received."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from memorywalker.fileio import atomic_write
-    from memorywalker.importers import ImportOptions, run_import
-    from memorywalker.importers.billed import check_counts
-    from memorywalker.records import write_trajectories
-
     if format not in IMPORTERS:
         raise typer.BadParameter(f"unknown format {format!r}; valid: {', '.join(sorted(IMPORTERS))}")
     count = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
         count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731

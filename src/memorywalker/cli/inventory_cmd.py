@@ -26,7 +26,11 @@ def inventory_cmd(
 ) -> None:
     """Parameter-state memory of full vs adapter training (2 weight + 2 grad + 4 master + 8 moments
     bytes per trainable parameter, 2 per frozen one)."""
-    from memorywalker.train.inventory import from_model_config, inventory, lora_parameters
+    from memorywalker.train.inventory import (  # lazy: the command's machinery, only when it runs
+        from_model_config,
+        inventory,
+        lora_parameters,
+    )
 
     if model is not None:
         if not model.exists():

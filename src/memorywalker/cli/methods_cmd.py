@@ -6,14 +6,13 @@ import json
 import sys
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 
 def methods(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON.")):
     """List every training method: exactness, forward schedule, backward schedule, what it trains on."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from memorywalker.engine import METHODS
+    from memorywalker.engine import METHODS  # lazy: the command's machinery (torch), only when it runs
 
     rows = [{"method": m.name, "exact": m.exactness, "schedule": m.schedule, "backward": m.backward,
              "kl": m.kl, "full_view": m.full_view, "summary": m.summary} for m in METHODS.values()]

@@ -23,7 +23,7 @@ def get_cmd(
     force: bool = typer.Option(False, "--force", help="convert again even when a matching dir is there"),
 ) -> None:
     """Convert NAME's file from its installed package into an HF model dir, once (reused after)."""
-    from memorywalker.modelkit.pretrained import get, packaged_model
+    from memorywalker.modelkit.pretrained import get, packaged_model  # lazy: the command's machinery
 
     m = packaged_model(name)
     typer.echo(f"{name}: {m.description}", err=True)
@@ -38,7 +38,11 @@ def get_cmd(
 @models_app.command("list")
 def list_cmd() -> None:
     """Every packaged model: its name, the package that ships it, and whether it is converted."""
-    from memorywalker.modelkit.pretrained import PACKAGED, models_dir, read_manifest
+    from memorywalker.modelkit.pretrained import (  # lazy: the command's machinery, only when it runs
+        PACKAGED,
+        models_dir,
+        read_manifest,
+    )
 
     for name, m in PACKAGED.items():
         d = models_dir() / name

@@ -6,6 +6,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import asdict
+from importlib import resources
 from pathlib import Path
 
 import typer
@@ -13,22 +14,21 @@ from rich.console import Console
 from rich.table import Table
 
 from memorywalker.records import REASONS, TrajectoryReader, json_schema
+from memorywalker.render import Renderer
 
 # Tables are wide; keep them readable when stdout is a pipe or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _example_path() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("memorywalker.data").joinpath("examples/websearch-compressed.jsonl")))
 
 
 def _load_tokenizer(tokenizer_dir: Path | None):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
     if tokenizer_dir is None:
-        from memorywalker.modelkit import default_kit
+        from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
 
         tokenizer_dir, _ = default_kit()
     return AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -86,10 +86,9 @@ def inspect(
 ):
     """Per trajectory and in total: calls, evictions, segments, U/P/L tokens, role shares, targets,
     dilution, rightmost-path losses and packing occupancy. Exits 2 when no line was accepted."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: tqdm (~30 ms) loads only when the command runs
 
-    from memorywalker.metrics.tree_stats import TreeStats, occupancy, tree_stats
-    from memorywalker.render import Renderer
+    from memorywalker.metrics.tree_stats import TreeStats, occupancy, tree_stats  # lazy: command machinery
 
     file = file or _example_path()
     tok = _load_tokenizer(tokenizer)

@@ -14,10 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from memorywalker.cli import renamed
-from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS  # the compressor and environment registries
+
+# the compressor and environment registries, and the rollout machinery (loaded at CLI start anyway)
+from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
 from memorywalker.rollout.backends import SPECS
+from memorywalker.rollout.faults import FaultConfig, FaultInjector
 
 _SUITES = "; ".join(f"{name}: {' | '.join(env.suites)}" for name, env in ENVIRONMENTS.items())
 
@@ -72,11 +77,7 @@ def rollout_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Roll out N tasks of a suite with a sampler under a compression policy; record every call."""
-    from rich.console import Console
-    from rich.table import Table
-    from transformers import AutoTokenizer
-
-    from memorywalker.rollout import HarnessConfig, make_policy, rollout
+    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
@@ -125,15 +126,13 @@ def rollout_cmd(
         elif kind == "openai":
             raise typer.BadParameter("--sampler openai:URL needs --tokenizer DIR (the served model's tokenizer)")
         else:
-            from memorywalker.modelkit import default_kit
+            from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
 
             tokenizer = default_kit()[0]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     config = HarnessConfig(compressor, budget=budget, watermark=watermark, keep_recent=keep_recent,
                            max_steps=max_steps, max_context=max_context or HarnessConfig.max_context)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
-        from memorywalker.rollout.faults import FaultConfig, FaultInjector
-
         try:
             faults = FaultConfig(rate=fault_rate, kinds=tuple(k.strip() for k in fault_kinds.split(",") if k.strip()),
                                  seed=seed)
@@ -168,8 +167,7 @@ def _fit_vllm(model_dir: str, max_context: int | None, max_new_tokens: int, max_
     """``--max-context`` for a vLLM engine on ``model_dir``: by default HarnessConfig's, lowered so that
     context + response fit the model's positions (vLLM refuses a window past them: 8192 + 256 on an
     8192-position model); a window given past them is refused here, naming the flag to change."""
-    from memorywalker.rollout import HarnessConfig
-    from memorywalker.train.inputs import model_positions
+    from memorywalker.train.inputs import model_positions  # lazy: the command's machinery, only when it runs
 
     positions = model_positions(model_dir)  # None: unreadable config, vLLM decides
     if max_model_len and positions and max_model_len > positions:

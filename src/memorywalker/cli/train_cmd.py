@@ -11,9 +11,12 @@ with the valid ones. The same commands run data-parallel under torchrun or accel
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import typer
+
+from memorywalker.cli.errors import run_single
 
 RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalker.recipes.rl", "RLConfig"),
            "dpo": ("memorywalker.recipes.dpo", "DPOConfig")}
@@ -35,9 +38,7 @@ def _command(recipe: str):
                                              help="with --resume: accept result-changing config changes"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
     ) -> None:
-        import importlib
-
-        from memorywalker.train.config import load_config
+        from memorywalker.train.config import load_config  # lazy: the command's machinery (torch)
 
         module_name, cls_name = RECIPES[recipe]
         module = importlib.import_module(module_name)
@@ -49,7 +50,7 @@ def _command(recipe: str):
         if override_config:
             extra.append("override_config=true")
         cfg = load_config(getattr(module, cls_name), config, extra)  # a ConfigError is one line, exit 2
-        from memorywalker.train.fsdp import collective_guard
+        from memorywalker.train.fsdp import collective_guard  # lazy: as above
 
         with collective_guard(f"memorywalker {recipe}", cfg.collective_timeout):  # a stalled peer: one line
             result = module.train(cfg, progress=progress)
@@ -69,8 +70,6 @@ def register(app: typer.Typer) -> None:
 
 def recipe_main(recipe: str) -> None:
     """Entry point of ``python -m memorywalker.recipes.<recipe>`` (what torchrun/accelerate launch)."""
-    from memorywalker.cli.errors import run_single
-
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(recipe)(_command(recipe))
     run_single(app, f"memorywalker {recipe}")

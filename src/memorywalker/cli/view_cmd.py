@@ -8,6 +8,9 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.records import TrajectoryReader
+from memorywalker.render import Renderer
+
 
 def register(app: typer.Typer) -> None:
     app.command()(view)
@@ -23,16 +26,13 @@ def view(
                                           help="HF tokenizer dir: token counts, target tokens, token-level segments"),
 ) -> None:
     """Write a static HTML page per trajectory: no server needed, works offline."""
-    from memorywalker.records import TrajectoryReader
-    from memorywalker.viewer import view_data, write_page
+    from memorywalker.viewer import view_data, write_page  # lazy: the command's machinery, only when it runs
 
     if gap is not None and tokenizer is None:
         raise typer.BadParameter("--gap needs --tokenizer (the heat map is drawn on the response tokens)")
     renderer = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        from memorywalker.render import Renderer
+        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
         renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer))
     report = json.loads(gap.read_text(encoding="utf-8")) if gap is not None else None

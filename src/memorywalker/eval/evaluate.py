@@ -17,8 +17,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from rich.table import Table
+from tqdm import tqdm
+
 from memorywalker.metrics.closed_loop import failed_trial_row, per_task_acceptance, summarize, trial_row
 from memorywalker.metrics.stats import bonferroni, paired_bootstrap, paired_differences, z_of
+from memorywalker.records import write_trajectories
+from memorywalker.render import Renderer, RenderOptions
+from memorywalker.rollout import (
+    ENVIRONMENTS,
+    EpisodeJob,
+    HarnessConfig,
+    WebSearchEnv,
+    plan,
+    run_episode,
+    run_episodes,
+)
+from memorywalker.rollout.harness import call_seed
+from memorywalker.samplers.hf import HFPolicy
+from memorywalker.train.manifest import MANIFEST_NAME
 
 
 @dataclass
@@ -58,17 +76,15 @@ class Candidate:
 def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) -> Candidate:
     """``expert`` (the scripted solver; needs ``tokenizer``), a model directory, or an adapter directory
     (``adapter_manifest.json`` inside: its base is loaded from the manifest and checked by hash)."""
-    from memorywalker.samplers.hf import HFPolicy
-
     if spec == "expert":
         if tokenizer is None:
             raise ValueError("--model/--baseline expert needs --tokenizer DIR (or a model to take it from)")
         return Candidate(label, make_env(cfg).expert(), tokenizer, {"policy": "expert", **_tokenizer_pins(tokenizer)})
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: only to load a model (cli eval imports this before its checks)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as torch
 
-    from memorywalker.train.adapter import ADAPTER_MANIFEST, load_adapter
-    from memorywalker.train.refcache import weights_hash
+    from memorywalker.train.adapter import ADAPTER_MANIFEST, load_adapter  # lazy: pulls torch
+    from memorywalker.train.refcache import weights_hash  # lazy: pulls torch
 
     path = Path(spec)
     if not path.is_dir():
@@ -94,8 +110,6 @@ def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) ->
 
 def make_env(cfg: EvalConfig):
     """The environment ``cfg`` names (``world_size`` applies to the web-search world only)."""
-    from memorywalker.rollout import ENVIRONMENTS, WebSearchEnv
-
     if cfg.env not in ENVIRONMENTS:
         raise ValueError(f"unknown env {cfg.env!r}; valid: {', '.join(ENVIRONMENTS)}")
     if cfg.env == "websearch":
@@ -106,15 +120,13 @@ def make_env(cfg: EvalConfig):
 
 
 def _tokenizer_pins(tok) -> dict[str, str]:
-    from memorywalker.train.refcache import template_hash, tokenizer_hash
+    from memorywalker.train.refcache import template_hash, tokenizer_hash  # lazy: pulls torch
 
     return {"tokenizer_hash": tokenizer_hash(tok), "template_hash": template_hash(tok)}
 
 
 def _trained_suites(model_dir: Path) -> list[str] | None:
     """The suite an RL run trained on, from ``<run>/training_manifest.json`` next to ``<run>/final``."""
-    from memorywalker.train.manifest import MANIFEST_NAME
-
     path = model_dir.parent / MANIFEST_NAME
     if not path.is_file():
         return None
@@ -131,8 +143,6 @@ def play(env, jobs: list, policy, tokenizer, harness, *, lockstep: bool = False)
     an HF policy), an error in any raised after the others end. Otherwise one by one, and an episode
     whose policy backend fails for good (an endpoint timeout or dropped connection) is that error in the
     list instead of a trajectory: a failed trial, never dropped."""
-    from memorywalker.rollout import run_episode, run_episodes
-
     if lockstep:
         return run_episodes(env, jobs, policy, tokenizer, harness)
     out = []
@@ -148,9 +158,6 @@ def play(env, jobs: list, policy, tokenizer, harness, *, lockstep: bool = False)
 def run_suite(env, cand: Candidate, harness, cfg: EvalConfig, suite: str, out: Path) -> list[dict[str, Any]]:
     """Run every planned episode of ``suite``; write the finished ones to ``out``; return one row per trial
     (a failed trial too, :func:`play`)."""
-    from memorywalker.records import write_trajectories
-    from memorywalker.rollout import plan
-
     episodes = plan(env, suite, cfg.n, seed=cfg.seed, harness=harness.name, split=cfg.split, samples=cfg.samples)
     jobs = [e.with_meta({"run_seed": cfg.seed, "sample": e.sample, "eval": cand.label}) for e in episodes]
     rows, trajs = [], []
@@ -169,14 +176,7 @@ def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *,
     """Greedy episodes of ``tasks`` under each harness (in lockstep), written to ``OUT-<harness>.jsonl``
     (``memorywalker gap`` re-measures them): the reward per task, the mean evictions, and ``method``'s
     train/rollout gap on them (overall, heavy, floor, by branches). The demo's evaluation."""
-    import numpy as np
-
-    from memorywalker.metrics.gap import gap_report
-    from memorywalker.records import write_trajectories
-    from memorywalker.render import Renderer, RenderOptions
-    from memorywalker.rollout import EpisodeJob
-    from memorywalker.rollout.harness import call_seed
-    from memorywalker.samplers.hf import HFPolicy
+    from memorywalker.metrics.gap import gap_report  # lazy: pulls torch
 
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
     policy = HFPolicy.from_model(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens)
@@ -199,8 +199,6 @@ def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *,
 def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candidate | None = None,
              *, progress: bool = False) -> dict[str, Any]:
     """Run ``model`` (and ``baseline``) on every suite; write episodes and ``report.json``; return the report."""
-    from memorywalker.rollout import HarnessConfig
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
@@ -209,8 +207,6 @@ def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candi
     rows: dict[str, dict[str, list]] = {c.label: {} for c in cands}
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(cands) * len(cfg.suites), desc="eval", unit="suite")
     for suite in cfg.suites:
         for c in cands:
@@ -269,8 +265,6 @@ def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands:
 
 def report_tables(report: dict[str, Any]):
     """The report as rich tables: per model and suite, then the paired comparison."""
-    from rich.table import Table
-
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
 

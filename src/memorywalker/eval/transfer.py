@@ -20,6 +20,7 @@ from typing import Any
 from memorywalker.eval.evaluate import Candidate, EvalConfig, run_suite
 from memorywalker.metrics.closed_loop import per_task_acceptance, summarize
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences, z_of
+from memorywalker.rollout import HarnessConfig, WebSearchEnv
 from memorywalker.transforms.augment import AugmentedEnv, make_schema_map
 
 HELD_OUT_SCHEMA_SEED = 10_000  # schema maps of augmented training data use seeds < 10_000
@@ -35,8 +36,6 @@ def regimes(env, schema_seed: int = HELD_OUT_SCHEMA_SEED) -> dict[str, tuple[Any
 
 def transfer_rows(cand: Candidate, cfg: EvalConfig, out: str | Path) -> dict[str, dict[str, list[dict]]]:
     """Trial rows per regime and suite (episodes written to ``out/<label>-<regime>-<suite>.jsonl``)."""
-    from memorywalker.rollout import HarnessConfig, WebSearchEnv
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)

@@ -28,6 +28,7 @@ from starlette.routing import Mount, Route
 from memorywalker.gateway import anthropic, chat, responses
 from memorywalker.gateway.core import Gateway
 from memorywalker.gateway.dialect import BadRequest
+from memorywalker.samplers.openai import EndpointError
 
 # The header each harness names its session with (Claude Code, Codex, OpenCode), then common ones.
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id", "conversation-id")
@@ -129,8 +130,6 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
 
 
 def _serve(gateway: Gateway, request, header, body, tag):
-    from memorywalker.samplers.openai import EndpointError
-
     try:
         return gateway.serve(request, header, body, tag)
     except (EndpointError, ConnectionError, TimeoutError) as e:  # the backend, not the request

@@ -31,10 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 from memorywalker.render.render import Renderer
 from memorywalker.render.types import message_to_hf, schemas_to_hf
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
+from memorywalker.samplers.hf import HFPolicy
+from memorywalker.samplers.openai import OpenAIPolicy
+from memorywalker.samplers.vllm import VLLMPolicy
 
 SPECS = "hf | vllm | openai:URL | scripted:FILE"
 
@@ -86,8 +91,6 @@ class Scripted:
 
     @classmethod
     def load(cls, path: str | Path) -> Scripted:
-        import yaml
-
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
@@ -185,8 +188,6 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
     kind, _, arg = spec.partition(":")
     stop = sorted(renderer.eot_ids)
     if kind in ("hf", "scripted") and not (kind == "hf" and arg):
-        from memorywalker.samplers.hf import HFPolicy
-
         if model is not None:
             policy = HFPolicy.from_model(model, renderer.tok, temperature=temperature, stop_ids=stop,
                                          max_new_tokens=max_new_tokens)
@@ -199,14 +200,10 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
             raise ValueError(f"scripted needs a script file: scripted:FILE ({SPECS})")
         return ScriptedBackend(Scripted.load(arg), renderer, policy)
     if kind == "vllm" and not arg:
-        from memorywalker.samplers.vllm import VLLMPolicy
-
         policy = VLLMPolicy(model_dir, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype, stop_ids=stop,
                             tokenizer=renderer.tok, max_model_len=max_positions)
         return SamplerBackend("vllm", policy, concurrent=False)
     if kind == "openai" and arg:
-        from memorywalker.samplers.openai import OpenAIPolicy
-
         policy = OpenAIPolicy(arg, model=upstream_model or model_dir or "default", temperature=temperature, stop_ids=stop,
                               max_new_tokens=max_new_tokens, retries=0)
         return SamplerBackend(f"openai:{arg}", policy, concurrent=True)

@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from memorywalker.gateway.backends import Backend, Pending
 from memorywalker.gateway.dialect import BadRequest, Reply, Request, assign_ids, message_id, new_id
 from memorywalker.gateway.journal import Journal, read_journal, session_file
 from memorywalker.gateway.trajectory import build_session
+from memorywalker.importers.redact import Redactor
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Message, ToolCall, ToolSchema, Trajectory
 from memorywalker.render.render import PromptCache, Renderer
@@ -101,8 +104,6 @@ class Gateway:
         self.seed, self.harness, self.keep_requests = seed, harness, keep_requests
         self.temperature = temperature  # of the distribution the recorded logprobs are of (1 when greedy)
         if redact:
-            from memorywalker.importers.redact import Redactor
-
             self.redactor: Redactor | None = Redactor()  # one for the gateway's life: one placeholder per secret
         else:
             self.redactor = None
@@ -150,8 +151,6 @@ class Gateway:
 
     def render(self, request: Request, session: Session | None) -> tuple[str, list[int]]:
         """The prompt text and its token ids (continuing the session's sampled ids where the text extends them)."""
-        from jinja2 import TemplateError
-
         if session is not None:
             session.restore(request.messages)
         assign_ids(request.messages)

@@ -263,8 +263,8 @@ def capture(harness: str, prompt: str, gateway, *, model: str = "kit", files: di
             deadline_s: float = 600, compact_tokens: int | None = None, bin_dir: str | None = None) -> CapturedSession:
     """Serve ``gateway`` on a free loopback port, run one ``harness`` session against it, stop (which
     finalizes the session) and return the trajectories it wrote."""
-    from memorywalker.gateway.server import BackgroundServer
-    from memorywalker.records import read_trajectories
+    from memorywalker.gateway.server import BackgroundServer  # lazy: uvicorn; stdlib-only at CLI start
+    from memorywalker.records import read_trajectories  # lazy: as above (pydantic)
 
     records = gateway.out / "trajectories.jsonl"
     seen = {t.id for t in read_trajectories(records)} if records.exists() else set()

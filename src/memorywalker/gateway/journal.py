@@ -9,6 +9,7 @@ the next start (``memorywalker gateway finalize OUT`` does it by hand).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,8 +24,6 @@ def session_file(root: Path, session: str) -> Path:
     """``root/sessions/<name>.jsonl`` for a client-chosen session id (only safe characters, bounded length)."""
     name = _SAFE.sub("_", session)[:80] or "session"
     if name != session:
-        import hashlib
-
         name = f"{name}-{hashlib.sha256(session.encode()).hexdigest()[:8]}"
     return root / "sessions" / f"{name}.jsonl"
 

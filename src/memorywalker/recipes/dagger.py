@@ -28,8 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from memorywalker.eval.evaluate import EvalConfig, load_candidate, run_suite
+from memorywalker.metrics.closed_loop import per_task_acceptance
+from memorywalker.metrics.stats import paired_bootstrap, paired_differences
+from memorywalker.records.io import write_trajectories
 from memorywalker.records.schema import Trajectory
+from memorywalker.render import Renderer
+from memorywalker.rollout import HarnessConfig, WebSearchEnv, make_policy, plan, run_episode
 from memorywalker.rollout.harness import call_seed
+from memorywalker.samplers.hf import HFPolicy
 from memorywalker.transforms.dagger import MixedPolicy, label_records
 from memorywalker.transforms.distill import TransformStats, record_tokens
 
@@ -83,8 +92,6 @@ class RoundReport:
 
 
 def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
-    from memorywalker.eval.evaluate import EvalConfig, load_candidate, run_suite
-
     ecfg = EvalConfig(suites=(cfg.suite,), compressor=cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps,
                       max_context=cfg.max_context, n=cfg.eval_n, seed=cfg.seed, split=cfg.eval_split,
                       world_seed=cfg.world_seed, world_size=cfg.world_size, temperature=0.0,
@@ -97,15 +104,9 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
                progress: bool = False) -> dict[str, Any]:
     """Run ``cfg.rounds`` DAgger rounds from the model at ``model_dir``; write every round's rollouts,
     labels (``labels-k.jsonl``), SFT run and evaluation under ``out``; return (and write) the report."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: ~1 s; cli dagger imports this module before its checks
 
-    from memorywalker.metrics.closed_loop import per_task_acceptance
-    from memorywalker.metrics.stats import paired_bootstrap, paired_differences
-    from memorywalker.recipes.sft import SFTConfig, train
-    from memorywalker.records.io import write_trajectories
-    from memorywalker.render import Renderer
-    from memorywalker.rollout import HarnessConfig, WebSearchEnv, make_policy, plan, run_episode
-    from memorywalker.samplers.hf import HFPolicy
+    from memorywalker.recipes.sft import SFTConfig, train  # lazy: pulls torch (as above)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,8 +123,6 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     learner_dir = model_dir
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=cfg.rounds * cfg.n, desc="dagger", unit="ep")
     for k in range(1, cfg.rounds + 1):
         # --- roll out with the mixed policy, label, verify ------------------------------------------------

@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -52,7 +54,12 @@ from memorywalker.engine.methods import EXACT, get_method, method_names
 from memorywalker.eval.evaluate import heldout
 from memorywalker.metrics.report import REFERENCE, aggregate_seeds, summarize, write_report
 from memorywalker.metrics.report import number as _num
+from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
 from memorywalker.recipes.warm import warm_start
+from memorywalker.records import read_trajectories, write_trajectories
+from memorywalker.render import message_to_hf
+from memorywalker.rollout import HarnessConfig, plan, rollout
+from memorywalker.rollout.vault import VaultEnv
 
 # The other exact methods (logit-tree, radix) train the same targets on the same contexts as tree-mask
 # (tests/test_exact_reference.py), so they give the same model; they are left out of the default to fit the
@@ -138,13 +145,9 @@ QUICK = replace(FULL, pretrain_steps=120, pretrain_far_steps=20, warm_episodes=8
 def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
     """Stages 1-3 for one seed — kit, expert episodes, warm start — into ``out``: what every method's
     job reads (``kit/tokenizer``, ``expert.jsonl``, ``warm/final``). Returns what the report records."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: ~1 s; cli demo imports this module before its checks
 
-    from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
-    from memorywalker.modelkit.pretrain import pretrain
-    from memorywalker.records import write_trajectories
-    from memorywalker.rollout import HarnessConfig, rollout
-    from memorywalker.rollout.vault import VaultEnv
+    from memorywalker.modelkit.pretrain import pretrain  # lazy: pulls transformers (as above)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,12 +235,9 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
     """SFT from the warm start, evaluate, GRPO from that checkpoint, evaluate: the method's results and a
     log line. Runs with one torch thread wherever it runs (a worker process or this one), so its numbers
     do not depend on ``workers``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as above
 
-    from memorywalker.recipes import rl, sft
-    from memorywalker.records import read_trajectories
-    from memorywalker.rollout import HarnessConfig
-    from memorywalker.rollout.vault import VaultEnv
+    from memorywalker.recipes import rl, sft  # lazy: torch.distributed (~1 s), as above
 
     cfg, out, method = job.cfg, Path(job.out), job.method
     name = job.label or method
@@ -298,9 +298,6 @@ def map_jobs(jobs: list[MethodJob], workers: int):
 
 def _pool(workers: int):
     """Worker processes, spawned (a fork would copy this process's torch thread pool in a broken state)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
 
@@ -331,8 +328,6 @@ def _max_tokens(cfg: DemoConfig, method: str) -> int:
 
 def _eval_tasks(env, cfg: DemoConfig) -> list:
     """The first ``eval_tasks`` test-split tasks of the suite (the same for every method and stage)."""
-    from memorywalker.rollout import plan
-
     return [e.task for e in plan(env, cfg.suite, cfg.eval_tasks, seed=cfg.seed, harness="eval", split="test")]
 
 
@@ -341,6 +336,4 @@ def _rewards_line(ev: dict) -> str:
 
 
 def _transcript(tokenizer, traj) -> str:
-    from memorywalker.render import message_to_hf
-
     return tokenizer.apply_chat_template([message_to_hf(m) for m in traj.messages], tokenize=False)

@@ -57,6 +57,7 @@ from memorywalker.render import Renderer
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
 from memorywalker.rollout.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
+from memorywalker.samplers.vllm import VLLMPolicy
 from memorywalker.train.adapter import (
     engine_model,
     merged_state_dict,
@@ -100,8 +101,6 @@ def rollout_policy(cfg: RLConfig, model, tokenizer, info, stop_ids: list[int] | 
     if info.world_size > 1:
         raise ValueError("rollout_engine=vllm runs beside one training process; with several ranks use "
                          "rollout_engine=hf (one engine per rank is not supported yet)")
-    from memorywalker.samplers.vllm import VLLMPolicy
-
     return VLLMPolicy(cfg.model, tokenizer=tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                       dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or (
                           positions_of(model) if cfg.tasks else cfg.max_context + cfg.max_new_tokens),
@@ -137,7 +136,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         if state:  # resumed: the engine was started on cfg.model, the trainer holds the checkpoint's weights
             policy.sync_weights(merged_state_dict(model))
     if cfg.tasks is not None:
-        from memorywalker.recipes.rl_harness import HarnessRollouts
+        from memorywalker.recipes.rl_harness import HarnessRollouts  # lazy: gateway (0.3 s), tasks= only
 
         sessions = HarnessRollouts(cfg, policy, renderer, run_dir, positions=positions_of(model),
                                    log=print if info.is_main else (lambda *_: None))

@@ -10,6 +10,9 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
+from memorywalker.gateway.harnesses import PINNED, is_known
+from memorywalker.objectives.rollout_correction import LEVELS
+from memorywalker.rollout import ENVIRONMENTS, make_compressor
 from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig
 
 
@@ -90,15 +93,11 @@ class RLConfig(TrainConfig):
     @field_validator("compressor")
     @classmethod
     def _compressor(cls, v: str) -> str:
-        from memorywalker.rollout import make_compressor
-
         make_compressor(v)  # raises with the valid names
         return v
 
     @model_validator(mode="after")
     def _harness(self):
-        from memorywalker.gateway.harnesses import PINNED, is_known
-
         if self.tasks is None:
             if self.harness is not None:
                 raise ValueError(f"harness={self.harness} needs tasks=FILE (a task file); without one the rollouts "
@@ -126,8 +125,6 @@ class RLConfig(TrainConfig):
     @field_validator("rollout_is", "rollout_rs")
     @classmethod
     def _level(cls, v: str | None) -> str | None:
-        from memorywalker.objectives.rollout_correction import LEVELS
-
         if v is not None and v not in LEVELS:
             raise ValueError(f"unknown rollout correction level {v!r}; valid: {', '.join(LEVELS)}")
         return v
@@ -161,8 +158,6 @@ class RLConfig(TrainConfig):
     @field_validator("env")
     @classmethod
     def _env(cls, v: str) -> str:
-        from memorywalker.rollout import ENVIRONMENTS
-
         if v not in ENVIRONMENTS:
             raise ValueError(f"unknown env {v!r}; valid: {', '.join(ENVIRONMENTS)}")
         return v

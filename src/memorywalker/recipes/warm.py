@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from memorywalker.metrics.report import warm_copies
+from memorywalker.records import derive
+from memorywalker.render import Renderer
+from memorywalker.rollout import HarnessConfig, rollout
+from memorywalker.rollout.vault import CODES, NAMES
 
 if TYPE_CHECKING:
     from memorywalker.recipes.demo import DemoConfig
@@ -41,9 +45,7 @@ def warm_start(cfg: DemoConfig, out: Path, model_dir, tokenizer, env, *, progres
     (step 100 on 3 of 5 seeds) left the methods a base that learned little under ``claude-code``.
     Returns the training result and the checks ``[step, act calls, summaries]``.
     """
-    from memorywalker.recipes import sft
-    from memorywalker.rollout import HarnessConfig, rollout
-    from memorywalker.rollout.vault import CODES, NAMES
+    from memorywalker.recipes import sft  # lazy: torch.distributed (~1 s); recipes.demo imports this module
 
     scripted = env.expert(cfg.expert_forget)
     none = HarnessConfig("none", max_steps=cfg.max_turns)
@@ -94,9 +96,6 @@ def copy_check(model, tokenizer, episodes, words=None) -> float:
     ``words`` (default :data:`~memorywalker.rollout.vault.CODES`) as the tokenizer spells it after a
     space, whether the argmax of the logits one position earlier is that token.
     """
-    from memorywalker.render import Renderer
-    from memorywalker.rollout.vault import CODES
-
     scored = {ids[0] for w in (CODES if words is None else words)
               if len(ids := tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1}
     was_training = model.training
@@ -124,8 +123,6 @@ def summary_call_records(traj) -> list:
     One call is one path, so every method trains it alike: the warm start teaches summarizing as a skill
     of the base model, and the methods still differ on everything after a compaction.
     """
-    from memorywalker.records import derive
-
     table = traj.message_table()
     return [derive(traj, "summary-call", "1", index=i, messages=[*(table[m] for m in c.context), table[c.response]],
                    calls=[c], evictions=[], reward=None)

@@ -46,6 +46,7 @@ from typing import Any
 
 from memorywalker import fileio
 from memorywalker.rollout.env import exact_match
+from memorywalker.rollout.world import bm25_top
 
 # canonical field -> accepted names, in order of preference
 DOC_FIELDS: dict[str, tuple[str, ...]] = {
@@ -117,7 +118,7 @@ def iter_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     p = Path(path)
     if p.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # lazy: optional dependency (pyarrow, the parquet extra)
         except ImportError:
             raise CorpusError(f"{p}: reading Parquet needs pyarrow (pip install pyarrow), or convert the "
                               "file to JSONL (docs/rollouts.md, corpus section)") from None
@@ -283,7 +284,7 @@ class Corpus:
 
     @cached_property
     def _index(self):
-        import bm25s
+        import bm25s  # lazy: bm25s (~150 ms) off the CLI's start path
 
         progress = len(self.documents) >= INDEX_PROGRESS_DOCS
         stamp = {"format": INDEX_FORMAT, "bm25s": bm25s.__version__, "key": self.key, "documents": len(self.documents)}
@@ -308,8 +309,6 @@ class Corpus:
     def search(self, query: str, k: int = 5) -> list[tuple[Document, float]]:
         """The top-``k`` documents for ``query`` with their BM25 scores (ties broken by file order;
         documents sharing no term with the query are not returned)."""
-        from memorywalker.rollout.world import bm25_top
-
         return [(self.documents[i], s) for i, s in bm25_top(self._index, query, k, len(self.documents))]
 
 

@@ -26,7 +26,7 @@ from memorywalker.records.validate import RecordError
 from memorywalker.render.render import eot_ids
 from memorywalker.render.toolcalls import CALL_FORMAT, call_arguments, parse_response
 from memorywalker.render.types import message_to_hf
-from memorywalker.rollout.compress import Compressor, make_compressor
+from memorywalker.rollout.compress import Compressor, apply_eviction, make_compressor
 from memorywalker.rollout.env import Environment
 from memorywalker.samplers.base import Policy, PolicyRequest
 
@@ -139,8 +139,6 @@ class Episode:
 
     def evict(self, kind: str, removed: list[str], replaces: dict[str, list[str]], *, trigger: str,
               tokens_before: int | None = None, meta: dict[str, Any] | None = None) -> None:
-        from memorywalker.rollout.compress import apply_eviction
-
         self.history = apply_eviction(self.history, removed, replaces)
         inserted = [mid for mid in self.history if mid in replaces]
         self.pending_evictions.append(dict(kind=kind, removed=list(removed), inserted=inserted, trigger=trigger,

@@ -13,6 +13,7 @@ from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
 from memorywalker.rollout.env import Environment, StepResult, exact_match
+from memorywalker.rollout.expert import ExpertPolicy
 from memorywalker.rollout.suites import SUITES, make_task
 from memorywalker.rollout.world import World
 
@@ -85,8 +86,6 @@ class WebSearchEnv(Environment):
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
     def expert(self):
-        from memorywalker.rollout.expert import ExpertPolicy
-
         return ExpertPolicy()
 
     def config(self) -> dict[str, Any]:

@@ -133,7 +133,7 @@ class World:
 
     @cached_property
     def _index(self):
-        import bm25s
+        import bm25s  # lazy: bm25s (~150 ms) off the CLI's start path
 
         self._page_ids = list(self.pages)
         corpus = [f"{p.title}\n{p.title}\n{p.text}" for p in self.pages.values()]
@@ -214,7 +214,7 @@ def bm25_top(retriever, query: str, k: int, n: int) -> list[tuple[int, float]]:
     """The ``k`` best of ``n`` indexed documents for ``query``: (index, BM25 score), best first, ties broken
     by index; documents sharing no term with the query (score 0) are left out. English stopwords, as
     the indexes here are built."""
-    import bm25s
+    import bm25s  # lazy: as above
 
     tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
     if not tokens[0]:

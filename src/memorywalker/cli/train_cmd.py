@@ -22,7 +22,9 @@ RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalke
            "dpo": ("memorywalker.recipes.dpo", "DPOConfig")}
 HELP = {
     "sft": "Supervised fine-tuning on recorded episodes (masked NLL), with any registered method.",
-    "rl": "GRPO with PPO-clip ratios against the rollout logprobs, on episodes collected under compression.",
+    "rl": "GRPO with PPO-clip ratios against the rollout logprobs, on episodes collected under compression: in a "
+          "simulated environment, or as sessions of a real harness (tasks=FILE harness=claude-code|codex|opencode|cmd:CMD; "
+          "docs/harness-rl.md).",
     "dpo": "Trajectory DPO on preference pairs that branch from an identical context, exact on each pair's tree.",
 }
 

@@ -44,7 +44,7 @@ from memorywalker.train.adapter import (
     engine_model,
 )
 from memorywalker.train.checkpoint import restore
-from memorywalker.train.config import ConfigError, TrainConfig
+from memorywalker.train.config import ConfigError, TrainConfig, check_choice
 from memorywalker.train.distributed import device_for
 from memorywalker.train.fsdp import save_step
 from memorywalker.train.inputs import FitsModel, model_positions, read_records
@@ -104,9 +104,7 @@ class DPOConfig(TrainConfig):
     @field_validator("scored")
     @classmethod
     def _scored(cls, v: str) -> str:
-        if v not in SCORED_SETS:
-            raise ValueError(f"unknown scored set {v!r}; valid: {', '.join(SCORED_SETS)}")
-        return v
+        return check_choice("scored set", v, SCORED_SETS)
 
 
 def admit_pairs(rendered: dict, ids: list[tuple[str, str]], scored: str

@@ -13,7 +13,7 @@ from pydantic import field_validator, model_validator
 from memorywalker.gateway.harnesses import PINNED, is_known
 from memorywalker.objectives.rollout_correction import LEVELS
 from memorywalker.rollout import ENVIRONMENTS, make_compressor
-from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig
+from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig, check_choice
 
 
 class RLConfig(TrainConfig):
@@ -158,6 +158,4 @@ class RLConfig(TrainConfig):
     @field_validator("env")
     @classmethod
     def _env(cls, v: str) -> str:
-        if v not in ENVIRONMENTS:
-            raise ValueError(f"unknown env {v!r}; valid: {', '.join(ENVIRONMENTS)}")
-        return v
+        return check_choice("env", v, tuple(ENVIRONMENTS))

@@ -37,6 +37,27 @@ class ConfigError(ValueError):
 
 
 PARALLEL = ("ddp", "fsdp")  # TrainConfig.parallel: how the ranks split the model (train/fsdp.py)
+# The fields that take one of a few names, and the names (checked by one validator, one message;
+# normalization has its own, which DPO replaces: it normalizes per pair).
+CHOICES: dict[str, tuple] = {
+    "sdcc_students": ("junctions", "all"),
+    "dtype": ("float32", "bfloat16", "float16"), "wandb_mode": ("online", "offline", "disabled"),
+    "parallel": PARALLEL, "mixed_precision": (None, "bfloat16", "float16", "float32"),
+}
+
+
+def check_choice(field: str, value: Any, choices) -> Any:
+    """``value`` when it is one of ``choices``, else a ValueError naming the valid ones.
+
+    >>> check_choice("parallel", "tp", PARALLEL)
+    Traceback (most recent call last):
+    ValueError: unknown parallel 'tp'; valid: ddp, fsdp
+    """
+    if value not in choices:
+        named = [str(c) for c in choices if c is not None]
+        unset = " (or unset)" if None in choices else ""
+        raise ValueError(f"unknown {field} {value!r}; valid: {', '.join(named)}{unset}")
+    return value
 ENGINE_DEFAULTS = EngineConfig()  # the engine's defaults, which the recipe configs take over
 
 
@@ -133,12 +154,10 @@ class TrainConfig(RecipeConfig):
         """How this recipe renders its records (``fields``: the recipe's, e.g. ``truncated``)."""
         return RenderOptions(full_view_artifacts=self.sdcc_full_view_artifacts, **fields)
 
-    @field_validator("sdcc_students")
+    @field_validator(*CHOICES)
     @classmethod
-    def _sdcc_students(cls, v: str) -> str:
-        if v not in ("junctions", "all"):
-            raise ValueError(f"unknown sdcc_students {v!r}; valid: junctions, all")
-        return v
+    def _choice(cls, v: Any, info) -> Any:
+        return check_choice(info.field_name, v, CHOICES[info.field_name])
 
     @field_validator("method")
     @classmethod
@@ -149,37 +168,7 @@ class TrainConfig(RecipeConfig):
     @field_validator("normalization")
     @classmethod
     def _normalization(cls, v: str) -> str:
-        if v not in TARGET_NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {v!r}; valid: {', '.join(TARGET_NORMALIZATIONS)}")
-        return v
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, v: str) -> str:
-        if v not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"unknown dtype {v!r}; valid: float32, bfloat16, float16")
-        return v
-
-    @field_validator("wandb_mode")
-    @classmethod
-    def _wandb_mode(cls, v: str) -> str:
-        if v not in ("online", "offline", "disabled"):
-            raise ValueError(f"unknown wandb_mode {v!r}; valid: online, offline, disabled")
-        return v
-
-    @field_validator("parallel")
-    @classmethod
-    def _parallel(cls, v: str) -> str:
-        if v not in PARALLEL:
-            raise ValueError(f"unknown parallel {v!r}; valid: {', '.join(PARALLEL)}")
-        return v
-
-    @field_validator("mixed_precision")
-    @classmethod
-    def _mixed_precision(cls, v: str | None) -> str | None:
-        if v not in (None, "bfloat16", "float16", "float32"):
-            raise ValueError(f"unknown mixed_precision {v!r}; valid: bfloat16, float16, float32 (or unset)")
-        return v
+        return check_choice("normalization", v, TARGET_NORMALIZATIONS)
 
     @field_validator("steps", "grad_accum", "save_every", "keep_checkpoints", "max_seq_len")
     @classmethod

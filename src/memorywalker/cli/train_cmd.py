@@ -17,14 +17,15 @@ from pathlib import Path
 import typer
 
 from memorywalker.cli.errors import run_single
+from memorywalker.gateway.harnesses import PINNED  # stdlib only: cheap at CLI start
 
 RECIPES = {"sft": ("memorywalker.recipes.sft", "SFTConfig"), "rl": ("memorywalker.recipes.rl", "RLConfig"),
            "dpo": ("memorywalker.recipes.dpo", "DPOConfig")}
 HELP = {
     "sft": "Supervised fine-tuning on recorded episodes (masked NLL), with any registered method.",
     "rl": "GRPO with PPO-clip ratios against the rollout logprobs, on episodes collected under compression: in a "
-          "simulated environment, or as sessions of a real harness (tasks=FILE harness=claude-code|codex|opencode|cmd:CMD; "
-          "docs/harness-rl.md).",
+          "simulated environment, or as sessions of a real harness (tasks=FILE harness=" + "|".join(PINNED)
+          + "|cmd:CMD; docs/harness-rl.md).",
     "dpo": "Trajectory DPO on preference pairs that branch from an identical context, exact on each pair's tree.",
 }
 

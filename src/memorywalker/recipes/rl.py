@@ -8,8 +8,9 @@ Each step:
 1. **Collect.** The next ``prompts_per_step`` tasks of ``suite`` (``split``), ``group_size`` episodes
    each, sampled from the model being trained (temperature ``temperature``) in the offline web-search
    world under the ``compressor`` compression policy with context ``budget``. With ``tasks=FILE``,
-   each episode is instead a session of a real harness (``harness=claude-code|codex|opencode|cmd:CMD``)
-   through a gateway serving the weights being trained, scored by the task's verifier
+   each episode is instead a session of a real harness (``harness=``: a name of
+   :data:`memorywalker.gateway.harnesses.PINNED`, or ``cmd:CMD``) through a gateway serving the weights
+   being trained, scored by the task's verifier
    (:mod:`memorywalker.recipes.rl_harness`, docs/harness-rl.md). Every call records its
    context tokens, response tokens and the sampler's logprobs. Ranks roll out disjoint tasks; a
    micro-batch's episodes run in lockstep, one batched forward per sampled token

@@ -58,8 +58,22 @@ RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "
                               "harness_bin", "keep_workdirs"})  # rl tasks=: where the binary is, what is kept
 
 
+# Fields renamed since a run may have been recorded: old name -> new name (rl's compression policy was
+# `harness` until `harness` came to name a real harness, with tasks=).
+RENAMED_FIELDS = {"harness": "compressor"}
+
+
 def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"field: old -> new"`` for every result-changing field that differs (missing = None)."""
+    """``"field: old -> new"`` for every result-changing field that differs (missing = None). A recorded
+    field under its old name (:data:`RENAMED_FIELDS`) counts as the new one.
+
+    >>> config_changes({"harness": "opencode", "lr": 1.0}, {"compressor": "opencode", "harness": None, "lr": 2.0})
+    ['lr: 1.0 -> 2.0']
+    """
+    recorded = dict(recorded)
+    for old_name, new_name in RENAMED_FIELDS.items():
+        if new_name in current and new_name not in recorded and old_name in recorded:
+            recorded[new_name] = recorded.pop(old_name)
     out = []
     for key in sorted(set(recorded) | set(current)):
         if key in RESUMABLE_FIELDS:

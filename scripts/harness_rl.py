@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-COMPACT_AT = {"claude-code": 30250, "codex": 16000, "opencode": 17080}
+sys.path.insert(0, str(Path(__file__).parent))
+from harness_sessions import COMPACT_AT  # noqa: E402 — where each harness compacts for the kit tokenizer
+
 FILLER = "".join(f"line {i}: nothing to see here\n" for i in range(150))
 TASKS = [("seven", "notes.txt", "answer.txt", "7"), ("nine", "data.txt", "result.txt", "9")]
 
@@ -104,18 +107,19 @@ def emitted_calls(model_dir: Path, tok_dir: Path, trajectories) -> tuple[int, in
     return hits, total
 
 
-def reference_gap(weights_dir: Path, kit: Path, records: Path, temperature: float) -> dict:
-    """Max and mean |logp − rollout logp| over every trained call of a step, from a plain forward per call."""
+def reference_gap(model_dir: str | Path, weights_dir: Path | None, records: Path, temperature: float = 1.0) -> dict:
+    """Max and mean |logp − rollout logp| over every trained call of a step's records, from a plain
+    ``model(input_ids)`` forward per call of ``model_dir``'s model with ``weights_dir``'s checkpoint weights
+    (its own when None). The tests' reference too: it shares no code with the engine it checks."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from memorywalker.records import read_trajectories
 
-    model = AutoModelForCausalLM.from_pretrained(kit / "model", dtype=torch.float32)
-    sd = load_file(str(weights_dir / "model.safetensors"))
-    model.load_state_dict(sd, strict=False)
-    model.eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if weights_dir is not None:
+        model.load_state_dict(load_file(str(weights_dir / "model.safetensors")), strict=False)
     diffs = []
     for t in read_trajectories(records):
         if not t.meta["rl"]["trained"]:
@@ -184,7 +188,7 @@ def main() -> None:
                       "failed_reasons": m["failed_reasons"], "reward_mean": m["reward_mean"],
                       "calls_per_session": m["calls_per_session"], "compactions_per_session": m["compactions_per_session"],
                       "branches": [s["branches"] for s in sessions], "trainer_gap_mean": m.get("logprob_abs_diff"),
-                      "reference_gap": reference_gap(weights, kit, out / "rl" / "rollouts" / f"step-{step}.jsonl", 1.0),
+                      "reference_gap": reference_gap(kit / "model", weights, out / "rl" / "rollouts" / f"step-{step}.jsonl"),
                       "trajectory_ids": [i for s in sessions for i in s["trajectories"]]})
     ids = [i for s in steps for i in s["trajectory_ids"]]
     results = {"harness": args.harness, "capture": capture_rows, "sft_steps": args.sft_steps,

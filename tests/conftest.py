@@ -73,3 +73,26 @@ def long_kit(tmp_path_factory):
     tok = build_tokenizer(root / "tok")
     return tok, build_model(root / "model", tok, max_positions=65536)
 
+
+
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts/ is not a package; the tests share its constants and references)."""
+    import importlib.util
+    import sys
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))  # a script may import its siblings
+    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def require_harness(harness: str) -> None:
+    """Skip the test where the pinned harness binary is not installed (``.ci/run`` installs them)."""
+    from memorywalker.gateway.harnesses import find_binary
+
+    try:
+        find_binary(harness)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

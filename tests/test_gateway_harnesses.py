@@ -15,15 +15,15 @@ from importlib import resources
 
 import pytest
 
-from memorywalker.gateway.harnesses import PINNED, capture, find_binary
+from conftest import load_script, require_harness
+from memorywalker.gateway.harnesses import PINNED, capture
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "Read notes.txt, list the files, write out.txt, then show it."
 # Where each harness's own auto-compaction is set to trigger (prompt tokens of the kit tokenizer): above
-# its first prompts and below the prompt its third tool call brings, measured with the pinned versions
-# (first prompts: Claude Code 30,076, Codex 15,581, OpenCode 16,853 tokens).
-COMPACT_AT = {"claude-code": 30250, "codex": 16000, "opencode": 17080}
+# its first prompts and below the prompt its third tool call brings (scripts/harness_sessions.py).
+COMPACT_AT = load_script("harness_sessions").COMPACT_AT
 
 
 @pytest.mark.parametrize("harness", sorted(PINNED))
@@ -35,10 +35,7 @@ def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit,
     from memorywalker.render import Renderer
     from memorywalker.train.model import load_model
 
-    try:
-        find_binary(harness)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    require_harness(harness)
     script = resources.files("memorywalker.data").joinpath(f"harness-scripts/{harness}.yaml")
     gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
                        harness=harness)
@@ -76,10 +73,7 @@ def test_eight_real_codex_sessions_at_once_never_mix(long_kit, tmp_path):
     from memorywalker.gateway.server import BackgroundServer
     from memorywalker.records import read_trajectories
 
-    try:
-        find_binary("codex")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    require_harness("codex")
     script = resources.files("memorywalker.data").joinpath("harness-scripts/codex.yaml")
     gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
                        harness="codex")

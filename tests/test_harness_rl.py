@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from conftest import load_script
 from memorywalker.gateway.tasks import read_tasks, verify
 from memorywalker.recipes.rl import RLConfig, train
 from memorywalker.records import read_trajectories
@@ -48,24 +48,10 @@ def config(kit, tmp_path, tasks, **kw) -> RLConfig:
 
 def plain_gap(model_dir: str, weights: Path | None, records: Path) -> tuple[float, int]:
     """Max |log p − rollout log p| over the step's trained calls, each from a plain ``model(input_ids)``
-    forward of ``weights`` (the model dir's own when None) at T = 1; and how many targets."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if weights is not None:
-        model.load_state_dict(load_file(str(weights / "model.safetensors")), strict=False)
-    worst, n = 0.0, 0
-    for t in read_trajectories(records):
-        if not t.meta["rl"]["trained"]:
-            continue
-        for c in t.calls:
-            ids = torch.tensor([c.context_tokens + c.response_tokens])
-            with torch.no_grad():
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(c.context_tokens) - 1:-1].float(), -1)
-            got = logp.gather(1, torch.tensor(c.response_tokens).unsqueeze(1)).squeeze(1)
-            worst = max(worst, (got - torch.tensor(c.rollout_logprobs)).abs().max().item())
-            n += len(c.response_tokens)
-    return worst, n
+    forward of ``weights`` (the model dir's own when None) at T = 1 (scripts/harness_rl.py's
+    ``reference_gap``, no engine code); and how many targets."""
+    gap = load_script("harness_rl").reference_gap(model_dir, weights, records)
+    return (gap["max"] if gap["targets"] else 0.0), gap["targets"]
 
 
 def test_a_task_file_keeps_the_good_lines_and_sets_each_bad_one_aside_with_its_reason(tmp_path):

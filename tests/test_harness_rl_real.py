@@ -14,29 +14,22 @@ tests/test_gateway_harnesses.py).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-from memorywalker.gateway.harnesses import PINNED, find_binary
+from conftest import load_script, require_harness
+from memorywalker.gateway.harnesses import PINNED
 from memorywalker.recipes.rl import RLConfig, train
-from test_harness_rl import plain_gap
 
 pytestmark = pytest.mark.slow
 
-_spec = importlib.util.spec_from_file_location("harness_rl", Path(__file__).parents[1] / "scripts" / "harness_rl.py")
-harness_rl = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness_rl)
+harness_rl = load_script("harness_rl")
 
 
 @pytest.mark.parametrize("harness", sorted(PINNED))
 def test_a_grpo_step_inside_the_real_harness_trains_its_compacted_sessions_exactly(harness, long_kit, tmp_path):
-    try:
-        find_binary(harness)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    require_harness(harness)
     tasks = harness_rl.task_file(tmp_path)
     first = tasks.read_text().splitlines()[0]
     tasks.write_text(first + "\n")  # task "seven": read notes.txt, write 7 to answer.txt
@@ -52,5 +45,5 @@ def test_a_grpo_step_inside_the_real_harness_trains_its_compacted_sessions_exact
     assert [r["reward"] for r in rows] == [1.0, 1.0]  # the harness ran the tools: the verifier found the answer
     assert all(r["branches"].get("summarize", 0) >= 1 for r in rows), rows  # its own compaction, as a branch
     assert m["compactions_per_session"] >= 1 and m["logprob_abs_diff"] <= 1e-5
-    gap, targets = plain_gap(long_kit[1], None, tmp_path / "run" / "rollouts" / "step-0.jsonl")
-    assert targets > 0 and gap <= 1e-5, gap
+    gap = harness_rl.reference_gap(long_kit[1], None, tmp_path / "run" / "rollouts" / "step-0.jsonl")
+    assert gap["targets"] > 0 and gap["max"] <= 1e-5, gap

@@ -15,6 +15,10 @@ from memorywalker.objectives.rollout_correction import LEVELS
 from memorywalker.rollout import ENVIRONMENTS, make_compressor
 from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig, check_choice
 
+# Fields that must be > 0, and why (one validator, these messages).
+POSITIVE = {"temperature": "RL samples, so it must be > 0 (the trainer divides logits by it)",
+            "rollout_is_threshold": "the TIS cap must be > 0"}
+
 
 class RLConfig(TrainConfig):
     """``memorywalker rl`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
@@ -115,11 +119,11 @@ class RLConfig(TrainConfig):
     def served_name(self) -> str:
         return self.served_model or Path(self.model).name or self.model
 
-    @field_validator("temperature")
+    @field_validator(*POSITIVE)
     @classmethod
-    def _temperature(cls, v: float) -> float:
+    def _positive(cls, v: float, info) -> float:
         if not v > 0:
-            raise ValueError(f"temperature={v}: RL samples, so it must be > 0 (the trainer divides logits by it)")
+            raise ValueError(f"{info.field_name}={v}: {POSITIVE[info.field_name]}")
         return v
 
     @field_validator("rollout_is", "rollout_rs")
@@ -127,13 +131,6 @@ class RLConfig(TrainConfig):
     def _level(cls, v: str | None) -> str | None:
         if v is not None and v not in LEVELS:
             raise ValueError(f"unknown rollout correction level {v!r}; valid: {', '.join(LEVELS)}")
-        return v
-
-    @field_validator("rollout_is_threshold")
-    @classmethod
-    def _is_threshold(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"rollout_is_threshold={v}: the TIS cap must be > 0")
         return v
 
     @field_validator("rollout_rs_threshold")

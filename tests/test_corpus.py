@@ -18,8 +18,15 @@ from memorywalker.rollout import (
     replay_contexts,
     rollout,
 )
-from memorywalker.rollout.corpus import Corpus, Document, grade, read_documents, text_parts, tiny_corpus
-from memorywalker.rollout.corpus_env import grade_record
+from memorywalker.rollout.environments.corpus.documents import (
+    Corpus,
+    Document,
+    grade,
+    read_documents,
+    text_parts,
+    tiny_corpus,
+)
+from memorywalker.rollout.environments.corpus.env import grade_record
 
 # --- BM25 ----------------------------------------------------------------------------------------------
 
@@ -173,7 +180,7 @@ def test_the_oracle_expert_answers_every_query_under_every_harness(tokenizer, ha
 def test_the_expert_retries_faulted_lookups_and_the_record_grades_like_the_env(tokenizer):
     """Under 40 % injected faults the expert retries each failed or stale lookup; a faulted open serves
     nothing (the environment does not see it), and grade_record skips faulted observations too."""
-    from memorywalker.rollout.faults import FaultConfig, FaultInjector
+    from memorywalker.rollout.episodes.faults import FaultConfig, FaultInjector
 
     env = FaultInjector(CorpusEnv(), FaultConfig(rate=0.4, seed=3))
     episodes, _ = rollout(env, CorpusExpert(), tokenizer, HarnessConfig("opencode"), suite="all", n=8, seed=0)
@@ -212,7 +219,7 @@ def test_the_index_cache_is_saved_once_and_reused(tmp_path, monkeypatch):
 
     import bm25s
 
-    from memorywalker.rollout.corpus import STAMP
+    from memorywalker.rollout.environments.corpus.documents import STAMP
 
     first = CorpusEnv(index_cache=tmp_path)
     expected = [(d.docid, s) for d, s in first.corpus.search("schooner wrecked tin")]

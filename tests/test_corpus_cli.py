@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from memorywalker.cli.main import app
 from memorywalker.records import read_trajectories
 from memorywalker.rollout import CorpusEnv, HarnessConfig, rollout
-from memorywalker.rollout.corpus import tiny_corpus
-from memorywalker.rollout.corpus_env import grade_record
+from memorywalker.rollout.environments.corpus.documents import tiny_corpus
+from memorywalker.rollout.environments.corpus.env import grade_record
 
 runner = CliRunner()
 

@@ -21,8 +21,7 @@ from memorywalker.metrics.report import REFERENCE, claims, readme_differences, r
 from memorywalker.recipes.demo import METHODS, QUICK, run_demo
 from memorywalker.recipes.warm import copy_check, summary_call_records
 from memorywalker.records import check_trajectory
-from memorywalker.rollout import HarnessConfig, rollout
-from memorywalker.rollout.vault import VaultEnv, VaultExpert
+from memorywalker.rollout import HarnessConfig, VaultEnv, VaultExpert, rollout
 
 TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, pretrain_far_steps=2, warm_episodes=8, warm_summaries=2, warm_steps=2,
                warm_check_every=1, warm_check_episodes=2, warm_copy_target=0.0, warm_summary_target=0.0,
@@ -180,7 +179,7 @@ def test_copy_check_scores_the_code_tokens_of_the_responses(tmp_path):
     from transformers import AutoTokenizer
 
     from memorywalker.modelkit import build_tokenizer, bundled_corpus
-    from memorywalker.rollout.vault import CODES, NAMES
+    from memorywalker.rollout.environments.vault.env import CODES, NAMES
 
     env = VaultEnv(0)
     tok = AutoTokenizer.from_pretrained(build_tokenizer(tmp_path / "tok", bundled_corpus() + env.corpus()))

@@ -151,7 +151,7 @@ def test_apply_eviction_places_each_artifact_at_its_first_replaced_message():
 
 
 def test_memex_recall_returns_the_offloaded_observation(env, tokenizer):
-    from memorywalker.rollout.compress import Memex
+    from memorywalker.rollout.compressors import Memex
 
     traj = run_episode(env, env.task(*LONG_TASK), ExpertPolicy(), tokenizer, HarnessConfig("memex"), seed=0)
     table = traj.message_table()

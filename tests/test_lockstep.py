@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from memorywalker.rollout import EpisodeJob, HarnessConfig, WebSearchEnv, run_episode, run_episodes
-from memorywalker.rollout.harness import call_seed
-from memorywalker.rollout.lockstep import _Rounds
+from memorywalker.rollout.episodes.harness import call_seed
+from memorywalker.rollout.episodes.lockstep import _Rounds
 from memorywalker.samplers.hf import HFPolicy
 
 

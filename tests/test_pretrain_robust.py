@@ -25,7 +25,7 @@ import json, sys
 from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
 from memorywalker.modelkit.pretrain import pretrain
 from memorywalker.recipes.demo import FULL as C
-from memorywalker.rollout.vault import VaultEnv
+from memorywalker.rollout.environments.vault.env import VaultEnv
 seed, out = int(sys.argv[1]), sys.argv[2]
 corpus = bundled_corpus() + VaultEnv(seed).corpus()
 tok = build_tokenizer(out + "/tok", corpus, vocab_size=C.vocab_size)

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
-from memorywalker.rollout.vault import CODES, NAMES, VaultEnv, VaultExpert, graded_reward
+from memorywalker.rollout import (
+    COMPRESSORS,
+    ENVIRONMENTS,
+    Environment,
+    FaultConfig,
+    FaultInjector,
+    HarnessConfig,
+    make_policy,
+    rollout,
+)
+from memorywalker.rollout.environments.vault.env import CODES, NAMES, VaultEnv, graded_reward
+from memorywalker.rollout.environments.vault.expert import VaultExpert
 
 
 def test_graded_reward_is_the_fraction_of_boxes_paired_with_their_code():
@@ -94,6 +104,21 @@ def test_a_careless_expert_summarizes_only_the_newest_label_and_answers_from_its
 def test_make_policy_expert_follows_the_environment():
     assert isinstance(make_policy("expert", env=VaultEnv(0)), VaultExpert)
     assert ENVIRONMENTS["vault"] is VaultEnv
+
+
+def test_make_policy_expert_is_never_another_environments():
+    """An environment without an expert of its own raises instead of getting the web-search expert; a
+    wrapped environment (fault injection) keeps its own; ``expert`` without an environment raises."""
+
+    class NoExpert(VaultEnv):
+        name = "no-expert"
+        expert = Environment.expert
+
+    with pytest.raises(ValueError, match="env 'no-expert' has no scripted expert"):
+        make_policy("expert", env=NoExpert(0))
+    assert isinstance(make_policy("expert", env=FaultInjector(VaultEnv(0), FaultConfig())), VaultExpert)
+    with pytest.raises(ValueError, match="an environment's"):
+        make_policy("expert")
 
 
 def test_names_and_codes_are_single_tokens_for_a_tokenizer_trained_on_the_corpus(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memorywalker.rollout import SUITES, WebSearchEnv, World, exact_match, normalize_answer
-from memorywalker.rollout.expert import read_facts
-from memorywalker.rollout.world import LINK_ATTRS
+from memorywalker.rollout.environments.websearch.expert import read_facts
+from memorywalker.rollout.environments.websearch.world import LINK_ATTRS
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import typer
 
 from memorywalker.cli import renamed
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, plan, run_episode, run_episodes
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.samplers.vllm import VLLMPolicy
 

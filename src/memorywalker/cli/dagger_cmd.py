@@ -15,7 +15,7 @@ import typer
 
 from memorywalker.cli import renamed
 from memorywalker.rollout import SUITES
-from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
+from memorywalker.rollout.compressors import COMPRESSORS  # the compressor registry (light: no model code)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from memorywalker.cli import renamed
 from memorywalker.rollout import ENVIRONMENTS
-from memorywalker.rollout.compress import COMPRESSORS  # the compressor registry (light: no model code)
+from memorywalker.rollout.compressors import COMPRESSORS  # the compressor registry (light: no model code)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,8 +21,8 @@ from memorywalker.cli import renamed
 
 # the compressor and environment registries, and the rollout machinery (loaded at CLI start anyway)
 from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
-from memorywalker.rollout.backends import SPECS
-from memorywalker.rollout.faults import FaultConfig, FaultInjector
+from memorywalker.rollout.episodes.backends import SPECS
+from memorywalker.rollout.episodes.faults import FaultConfig, FaultInjector
 
 _SUITES = "; ".join(f"{name}: {' | '.join(env.suites)}" for name, env in ENVIRONMENTS.items())
 

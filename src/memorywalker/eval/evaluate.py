@@ -34,7 +34,7 @@ from memorywalker.rollout import (
     run_episode,
     run_episodes,
 )
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.train.manifest import MANIFEST_NAME
 

@@ -37,7 +37,7 @@ from memorywalker.records.io import write_trajectories
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.rollout import HarnessConfig, WebSearchEnv, make_policy, plan, run_episode
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.transforms.dagger import MixedPolicy, label_records
 from memorywalker.transforms.distill import TransformStats, record_tokens
@@ -129,7 +129,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
         beta = cfg.beta(k)
         learner = HFPolicy(learner_dir, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            device=cfg.device, tokenizer=tok)
-        mixed = MixedPolicy(learner, make_policy(cfg.labeler), beta, tok, verify_env, max_steps=cfg.max_steps)
+        mixed = MixedPolicy(learner, make_policy(cfg.labeler, env=env), beta, tok, verify_env, max_steps=cfg.max_steps)
         episodes = plan(env, cfg.suite, cfg.n, seed=call_seed(cfg.seed, "dagger-round", k), harness=harness.name,
                         split="train")
         trajs, labels, stats = [], [], TransformStats()

@@ -21,7 +21,7 @@
 5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
    compression (graded reward, so groups have variance).
 6. **Evaluation** of every SFT and RL model on the same held-out tasks under both harnesses, greedy
-   (the episodes in lockstep, :mod:`memorywalker.rollout.lockstep`):
+   (the episodes in lockstep, :mod:`memorywalker.rollout.episodes.lockstep`):
    reward per task, its mean with a bootstrap 95 % interval, the paired difference against ``tree-mask``
    and RL against SFT (paired bootstrap over tasks); the train/rollout gap of each method on its own
    model's episodes (by branches before the call); ``eps_kl`` over SDCC's RL steps beside sqrt(eps_kl/2).
@@ -59,7 +59,7 @@ from memorywalker.recipes.warm import warm_start
 from memorywalker.records import read_trajectories, write_trajectories
 from memorywalker.render import message_to_hf
 from memorywalker.rollout import HarnessConfig, plan, rollout
-from memorywalker.rollout.vault import VaultEnv
+from memorywalker.rollout.environments.vault.env import VaultEnv
 
 # The other exact methods (logit-tree, radix) train the same targets on the same contexts as tree-mask
 # (tests/test_exact_reference.py), so they give the same model; they are left out of the default to fit the

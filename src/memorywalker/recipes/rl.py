@@ -14,7 +14,7 @@ Each step:
    (:mod:`memorywalker.recipes.rl_harness`, docs/harness-rl.md). Every call records its
    context tokens, response tokens and the sampler's logprobs. Ranks roll out disjoint tasks; a
    micro-batch's episodes run in lockstep, one batched forward per sampled token
-   (:mod:`memorywalker.rollout.lockstep`).
+   (:mod:`memorywalker.rollout.episodes.lockstep`).
 2. **Group.** The episodes of one task form one forest (a GRPO group); the reward of each episode is
    the environment's exact-match score, and advantages are group-relative (the engine's ``grpo``).
 3. **Update.** ``ppo_epochs`` optimizer steps over the collected forests with the chosen ``--method``:
@@ -59,7 +59,7 @@ from memorywalker.recipes.rl_config import RLConfig
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.samplers.vllm import VLLMPolicy
 from memorywalker.train.adapter import (

@@ -19,7 +19,7 @@ from memorywalker.metrics.report import warm_copies
 from memorywalker.records import derive
 from memorywalker.render import Renderer
 from memorywalker.rollout import HarnessConfig, rollout
-from memorywalker.rollout.vault import CODES, NAMES
+from memorywalker.rollout.environments.vault.env import CODES, NAMES
 
 if TYPE_CHECKING:
     from memorywalker.recipes.demo import DemoConfig
@@ -93,7 +93,7 @@ def copy_check(model, tokenizer, episodes, words=None) -> float:
     Every box name and code the agent writes (in a note, a summary or the answer) is a copy of one it
     saw earlier in its context, so this is the copy skill the task needs, measured where the task needs
     it: each call's ``S_t`` in one plain forward, and at each response position whose token is one of
-    ``words`` (default :data:`~memorywalker.rollout.vault.CODES`) as the tokenizer spells it after a
+    ``words`` (default :data:`~memorywalker.rollout.environments.vault.env.CODES`) as the tokenizer spells it after a
     space, whether the argmax of the logits one position earlier is that token.
     """
     scored = {ids[0] for w in (CODES if words is None else words)

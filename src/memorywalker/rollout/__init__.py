@@ -1,28 +1,43 @@
-"""Rollouts under compression: environments (the web-search world and suites, vault, a local document
-corpus), harness compression policies, the policy backends by name (``make_policy``; the samplers
-themselves are :mod:`memorywalker.samplers`), and the recording loop that writes trajectory schema v1."""
+"""Rollouts under compression, in three parts:
 
-from memorywalker.rollout.backends import BACKENDS, make_policy
-from memorywalker.rollout.compress import (
+* :mod:`.environments` — the environments (``websearch``, ``vault``, ``corpus``), each with its scripted
+  expert beside it;
+* :mod:`.compressors` — the simulated harnesses' context compressors (``claude-code``, ``opencode``, ...);
+* :mod:`.episodes` — the episode loop that records trajectory schema v1, lockstep batching, the runner,
+  fault injection, and the samplers by name (``make_policy``; the samplers themselves are
+  :mod:`memorywalker.samplers`).
+
+Every public name is importable from here.
+"""
+
+from memorywalker.rollout.compressors import (
     COMPRESSORS,
     Compressor,
     apply_eviction,
     make_compressor,
     replay_contexts,
 )
-from memorywalker.rollout.corpus_env import CorpusEnv, CorpusExpert
-from memorywalker.rollout.env import Environment, StepResult, exact_match, normalize_answer, split_of
-from memorywalker.rollout.expert import ExpertPolicy
-from memorywalker.rollout.faults import FAULT_KINDS, FaultConfig, FaultInjector
-from memorywalker.rollout.harness import Episode, HarnessConfig, run_episode
-from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
-from memorywalker.rollout.runner import RolloutSummary, next_tasks, plan, rollout, scan_existing
-from memorywalker.rollout.suites import SUITES, make_task
-from memorywalker.rollout.vault import VaultEnv, VaultExpert
-from memorywalker.rollout.websearch import WebSearchEnv
-from memorywalker.rollout.world import World
-
-ENVIRONMENTS = {"websearch": WebSearchEnv, "vault": VaultEnv, "corpus": CorpusEnv}
+from memorywalker.rollout.environments import ENVIRONMENTS
+from memorywalker.rollout.environments.base import (
+    Environment,
+    StepResult,
+    exact_match,
+    normalize_answer,
+    split_of,
+)
+from memorywalker.rollout.environments.corpus.env import CorpusEnv
+from memorywalker.rollout.environments.corpus.expert import CorpusExpert
+from memorywalker.rollout.environments.vault.env import VaultEnv
+from memorywalker.rollout.environments.vault.expert import VaultExpert
+from memorywalker.rollout.environments.websearch.env import WebSearchEnv
+from memorywalker.rollout.environments.websearch.expert import ExpertPolicy
+from memorywalker.rollout.environments.websearch.suites import SUITES, make_task
+from memorywalker.rollout.environments.websearch.world import World
+from memorywalker.rollout.episodes.backends import BACKENDS, make_policy
+from memorywalker.rollout.episodes.faults import FAULT_KINDS, FaultConfig, FaultInjector
+from memorywalker.rollout.episodes.harness import Episode, HarnessConfig, run_episode
+from memorywalker.rollout.episodes.lockstep import EpisodeJob, run_episodes
+from memorywalker.rollout.episodes.runner import RolloutSummary, next_tasks, plan, rollout, scan_existing
 
 __all__ = [
     "BACKENDS",

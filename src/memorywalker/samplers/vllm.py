@@ -6,7 +6,7 @@
 Every call sends the rendered context as token ids (``TokensPrompt``: exactly the call's
 ``context_tokens``, no re-tokenization) with its own seed, and records the sampled ids, their logprobs and
 the top-k. :meth:`VLLMPolicy.generate_batch` submits many episodes' pending calls as one
-``LLM.generate`` (what :func:`~memorywalker.rollout.lockstep.run_episodes` calls), so vLLM's continuous
+``LLM.generate`` (what :func:`~memorywalker.rollout.episodes.lockstep.run_episodes` calls), so vLLM's continuous
 batching and prefix cache do the batching.
 
 Logprobs are vLLM's ``processed_logprobs``: of the distribution sampled from, softmax(logits / T) — what

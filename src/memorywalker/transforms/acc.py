@@ -28,8 +28,8 @@ from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, Trajectory
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout import WebSearchEnv
-from memorywalker.rollout.env import exact_match
-from memorywalker.rollout.expert import NOTE_RE, RESULT_RE
+from memorywalker.rollout.environments.base import exact_match
+from memorywalker.rollout.environments.websearch.expert import NOTE_RE, RESULT_RE
 from memorywalker.transforms.augment import render_tokens
 
 TRANSFORM, VERSION = "compile-acc", "1"

@@ -16,7 +16,7 @@ survives anywhere (every key and string of the record except its parent's id).
 fresh observation of a call whose removed argument changes its result); :class:`RenamedPolicy` lets a
 policy written against the original interface (the scripted expert) act through it.
 
->>> from memorywalker.rollout.websearch import TOOLS
+>>> from memorywalker.rollout.environments.websearch.env import TOOLS
 >>> m = make_schema_map(TOOLS, seed=0)
 >>> sorted(m.words) == ['answer', 'open', 'page', 'query', 'search', 'text']
 True
@@ -39,7 +39,7 @@ from memorywalker.records.derive import derive
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout import ENVIRONMENTS
-from memorywalker.rollout.env import Environment, StepResult
+from memorywalker.rollout.environments.base import Environment, StepResult
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 TRANSFORM, VERSION = "augment", "1"
@@ -195,6 +195,9 @@ class AugmentedEnv(Environment):
         r = self.env.step(old, arguments)
         return StepResult(self.map.rewrite_text(r.observation), r.done, r.reward,
                           self.map.rewrite_json(r.info))
+
+    def expert(self) -> RenamedPolicy:
+        return RenamedPolicy(self.env.expert(), self.map)  # the wrapped environment's, through the new names
 
     def config(self) -> dict[str, Any]:
         return {**self.map.rewrite_json(self.env.config()), "augment": {"seed": self.map.seed}}

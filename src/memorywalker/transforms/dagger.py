@@ -12,8 +12,8 @@ from typing import Any
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, ToolCall, Trajectory
 from memorywalker.render.toolcalls import call_arguments, parse_response
-from memorywalker.rollout.env import Environment
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.environments.base import Environment
+from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.base import Policy, PolicyOutput, PolicyRequest
 
 TRANSFORM, VERSION = "dagger", "1"

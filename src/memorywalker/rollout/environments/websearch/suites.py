@@ -1,4 +1,4 @@
-"""Seven task suites over a :class:`~memorywalker.rollout.world.World`, modelled on web-search benchmarks.
+"""Seven task suites over a :class:`~memorywalker.rollout.environments.websearch.world.World`, modelled on web-search benchmarks.
 
 =============  ==========================================================  ==========================
 suite          question                                                    evidence to gather
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from memorywalker.records.schema import Task
-from memorywalker.rollout.env import split_of
-from memorywalker.rollout.world import CITY, COMPANY, LINK_ATTRS, PERSON, World, slug
+from memorywalker.rollout.environments.base import split_of
+from memorywalker.rollout.environments.websearch.world import CITY, COMPANY, LINK_ATTRS, PERSON, World, slug
 
 ATTRS = {
     CITY: ["founded", "population"],

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
+from memorywalker.samplers.base import Policy
 
 
 @dataclass
@@ -79,6 +80,12 @@ class Environment(ABC):
     def config(self) -> dict[str, Any]:
         """What identifies this environment in a trajectory record."""
         return {"name": self.name}
+
+    def expert(self) -> Policy:
+        """This environment's scripted expert (``--sampler expert``); one without an expert of its own raises
+        (another environment's expert would act on tools and tasks it does not know)."""
+        raise ValueError(f"env {self.name!r} has no scripted expert; choose a model sampler (hf:DIR, vllm:DIR, "
+                         "openai:URL)")
 
 
 def normalize_answer(text: str) -> str:

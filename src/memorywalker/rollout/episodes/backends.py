@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memorywalker.rollout.expert import ExpertPolicy
+from memorywalker.rollout.environments.base import Environment
 from memorywalker.samplers.base import Policy
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.samplers.openai import OpenAIPolicy
@@ -15,14 +15,17 @@ BACKENDS = {"expert": "", "hf": "MODEL_DIR", "openai": "URL", "vllm": "MODEL_DIR
 SPECS = " | ".join(f"{kind}:{arg}" if arg else kind for kind, arg in BACKENDS.items())
 
 
-def make_policy(spec: str, *, env=None, **kwargs: Any) -> Policy:
+def make_policy(spec: str, *, env: Environment | None = None, **kwargs: Any) -> Policy:
     """``expert`` | ``hf:DIR`` | ``openai:URL`` | ``vllm:DIR`` → a policy. Extra keyword arguments go to its constructor.
 
-    ``expert`` is the scripted expert of ``env`` (its ``expert()``), the web-search expert by default.
+    ``expert`` is the scripted expert of ``env`` (its ``expert()``); an environment without one of its own
+    raises, and so does ``expert`` without an environment.
     """
     kind, _, arg = spec.partition(":")
     if kind == "expert" and not arg:
-        return env.expert() if env is not None and hasattr(env, "expert") else ExpertPolicy()
+        if env is None:
+            raise ValueError("the expert is an environment's: make_policy('expert', env=...)")
+        return env.expert()
     if kind == "hf" and arg:
         return HFPolicy(arg, **kwargs)
     if kind == "openai" and arg:

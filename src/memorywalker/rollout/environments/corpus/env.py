@@ -3,13 +3,13 @@
     memorywalker rollout --env corpus --corpus docs.jsonl --queries queries.jsonl --compressor claude-code -o r.jsonl
 
 Without ``--corpus``/``--queries`` it runs on the shipped tiny corpus
-(:func:`~memorywalker.rollout.corpus.tiny_corpus`). The file formats, the field mapping and the
-grading are in :mod:`memorywalker.rollout.corpus`; docs/rollouts.md says how to point it at the real
+(:func:`~memorywalker.rollout.environments.corpus.documents.tiny_corpus`). The file formats, the field mapping and the
+grading are in :mod:`memorywalker.rollout.environments.corpus.documents`; docs/rollouts.md says how to point it at the real
 BrowseComp-Plus files.
 
 Tools: ``search(query)`` — the top ``search_k`` documents by BM25, each as ``N. [docid] title: snippet``;
 ``open(docid, part=1)`` — the document, in parts of ``open_chars`` characters; ``answer(text)`` —
-ends the episode, reward by :func:`~memorywalker.rollout.corpus.grade` over the documents this
+ends the episode, reward by :func:`~memorywalker.rollout.environments.corpus.documents.grade` over the documents this
 episode opened. One suite, ``all``: task ``i`` is the ``i``-th query of the file, its id the query id.
 
 >>> env = CorpusEnv()
@@ -28,9 +28,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memorywalker.records.schema import Message, Task, ToolCall, ToolSchema, Trajectory
+from memorywalker.records.schema import Task, ToolSchema, Trajectory
 from memorywalker.render.toolcalls import call_arguments
-from memorywalker.rollout.corpus import (
+from memorywalker.rollout.environments.base import Environment, StepResult, split_of
+from memorywalker.rollout.environments.corpus.documents import (
+    FAILED,
     Corpus,
     Grade,
     file_sha256,
@@ -40,8 +42,7 @@ from memorywalker.rollout.corpus import (
     text_parts,
     tiny_corpus,
 )
-from memorywalker.rollout.env import Environment, StepResult, split_of
-from memorywalker.samplers.base import PolicyOutput, PolicyRequest
+from memorywalker.rollout.environments.corpus.expert import CorpusExpert
 
 SYSTEM_PROMPT = (
     "You are a research assistant. Answer the question from a fixed collection of documents: search it, "
@@ -59,7 +60,6 @@ TOOLS = [
     ToolSchema(name="answer", description="Give the final answer. Ends the episode.",
                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
 ]
-FAILED = ("Error", "Warning: served from a stale cache")  # observations that did not serve the request
 RESULT_RE = re.compile(r"^\d+\. \[([^\]]*)\]", re.M)  # a search result line's docid
 
 
@@ -206,85 +206,3 @@ def grade_record(traj: Trajectory, *, answer_weight: float | None = None) -> Gra
     g = grade(answer or "", traj.task.meta["answers"], opened=opened, retrieved=retrieved,
               evidence=traj.task.meta["evidence"], answer_weight=w)
     return g if answer is not None else Grade(0.0, g.evidence_recall, g.retrieval_recall, 0.0)
-
-
-class CorpusExpert:
-    """An **oracle**: it reads the task's gold evidence ids and gold answer (``task.meta``), searches
-    the question once, opens every evidence document (part 1), then answers the gold answer.
-
-    So its reward is 1.0 whenever the episode reaches the answer (within ``max_steps``, under the hard
-    context window); what its episodes show is the harness: the calls, the compressions and what each
-    delivered context held. It notes every result (``- [docid] title | opened``) in each response,
-    summarizes as its notes, retries a lookup whose observation failed, was stale or was dropped by the
-    harness before it was read, up to ``max_tries`` times, and under
-    ``tc-rag`` wraps each lookup in a ``push``/``pop`` frame.
-    """
-
-    name = "expert"
-    max_tries = 4  # failed tries of one lookup before it is skipped
-
-    def start(self, task: Task) -> None:
-        self.question, self.answer = task.meta["question"], task.answer or ""
-        self.evidence: list[str] = list(task.meta["evidence"])
-        self.plan: list[tuple[str, dict[str, Any]]] = [("search", {"query": self.question})]
-        self.plan += [("open", {"docid": d}) for d in self.evidence]
-        self.cursor, self.tries = 0, 0
-        self.pending: str | None = None  # the lookup whose observation we wait for
-        self.processed: set[str] = set()
-        self.notes: list[str] = []
-        self.opened = 0
-        self.frame_open = self.unit_done = False
-
-    def config(self) -> dict[str, Any]:
-        return {"name": self.name, "env": "corpus"}
-
-    def _observe(self, messages: list[Message]) -> None:
-        last = next((m for m in reversed(messages) if m.role == "tool"), None)
-        if self.pending is None:
-            return
-        action, self.pending = self.pending, None
-        # The newest observation is not this lookup's when the harness dropped it before it was read.
-        gone = last is None or last.name != action or (last.tool_call_id or last.id) in self.processed
-        if not gone:
-            self.processed.add(last.tool_call_id or last.id)
-        if gone or last.content.startswith(FAILED):
-            self.tries += 1
-            if self.tries < self.max_tries:
-                return
-        elif action == "search":
-            ids = [line.split("]", 1)[0].split("[", 1)[-1] for line in last.content.splitlines()[1:]]
-            self.notes.append(f"- search | results: {', '.join(ids) or 'none'}")
-        else:
-            self.notes.append(f"- {last.content.splitlines()[0]} | opened")
-            self.opened += 1
-        self.cursor, self.tries, self.unit_done = self.cursor + 1, 0, True
-
-    def _next_action(self, tools: list[str]) -> tuple[str, dict[str, Any]]:
-        stack = "push" in tools and "pop" in tools
-        done = self.cursor >= len(self.plan)
-        if stack and self.frame_open and (self.unit_done or done):
-            return "pop", {"summary": "\n".join(self.notes) or "nothing learned"}
-        if done:
-            return "answer", {"text": self.answer}
-        if stack and not self.frame_open:
-            self.unit_done = False
-            name, args = self.plan[self.cursor]
-            return "push", {"label": f"{name} {next(iter(args.values()))}"[:80]}
-        return self.plan[self.cursor]
-
-    def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        self._observe(request.messages)
-        notes = "\n".join(self.notes)
-        if request.purpose != "act":
-            text = (f"Question: {self.question}\nProgress: {self.opened} of {len(self.evidence)} evidence "
-                    f"documents opened.\nNotes:\n{notes or '- none'}")
-            return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model"))
-        name, args = self._next_action(request.tools)
-        if name in ("push", "pop"):
-            # A pop's result leaves the context with its frame: the stack state is kept at the call.
-            self.frame_open, self.unit_done = name == "push", False
-        elif name != "answer":
-            self.pending = name
-        msg = Message(id="", role="assistant", content=f"Notes:\n{notes}\n" if notes else "", author="model",
-                      tool_calls=[ToolCall(id="", name=name, arguments=dict(args))])
-        return PolicyOutput(message=msg, finish_reason="stop")

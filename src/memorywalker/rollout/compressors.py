@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from memorywalker.records.schema import ToolSchema, Trajectory
 
 if TYPE_CHECKING:
-    from memorywalker.rollout.harness import Episode
+    from memorywalker.rollout.episodes.harness import Episode
 
 CLAUDE_CODE_PROMPT = (
     "Your task is to create a detailed summary of the conversation so far. It will replace the "

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker import fileio
-from memorywalker.rollout.env import exact_match
-from memorywalker.rollout.world import bm25_top
+from memorywalker.rollout.environments.base import exact_match
+from memorywalker.rollout.environments.bm25 import bm25_index, bm25_top
 
 # canonical field -> accepted names, in order of preference
 DOC_FIELDS: dict[str, tuple[str, ...]] = {
@@ -64,6 +64,9 @@ QUERY_FIELDS: dict[str, tuple[str, ...]] = {
 INDEX_PROGRESS_DOCS = 10_000  # corpora this large show bm25s's progress bars while indexing
 INDEX_FORMAT = 1  # of a cached index: what was indexed (title + text, English stopwords) and how
 STAMP = "memorywalker-index.json"
+# Observations that did not serve the request (an error, or an injected stale-cache fault): neither the
+# grading of a record nor the expert counts them.
+FAILED = ("Error", "Warning: served from a stale cache")
 
 
 class CorpusError(ValueError):
@@ -291,9 +294,8 @@ class Corpus:
         where = Path(self.index_cache) / f"bm25-{self.key}" if self.index_cache is not None else None
         if where is not None and _read_stamp(where / STAMP) == stamp:
             return bm25s.BM25.load(where, mmap=True, show_progress=False)
-        texts = [f"{d.title}\n{d.text}" if d.title else d.text for d in self.documents]
-        retriever = bm25s.BM25()
-        retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=progress), show_progress=progress)
+        retriever = bm25_index([f"{d.title}\n{d.text}" if d.title else d.text for d in self.documents],
+                               progress=progress)
         if where is not None:  # written aside and renamed: a concurrent run or a kill never leaves half an index
             tmp = where.with_name(f"{where.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
-from memorywalker.rollout.env import Environment, StepResult, exact_match
-from memorywalker.rollout.expert import ExpertPolicy
-from memorywalker.rollout.suites import SUITES, make_task
-from memorywalker.rollout.world import World
+from memorywalker.rollout.environments.base import Environment, StepResult, exact_match
+from memorywalker.rollout.environments.websearch.expert import ExpertPolicy
+from memorywalker.rollout.environments.websearch.suites import SUITES, make_task
+from memorywalker.rollout.environments.websearch.world import World
 
 SYSTEM_PROMPT = (
     "You are a research assistant. Use the tools to search the web, open pages and answer the question. "
@@ -85,7 +85,7 @@ class WebSearchEnv(Environment):
         reward = exact_match(value, self._gold or "")
         return StepResult(f"Answer recorded: {value}", done=True, reward=reward, info={"answer": value})
 
-    def expert(self):
+    def expert(self) -> ExpertPolicy:
         return ExpertPolicy()
 
     def config(self) -> dict[str, Any]:

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from memorywalker.rollout.environments.bm25 import bm25_index, bm25_top
+
 CITY, COMPANY, PERSON = "city", "company", "person"
 LINK_ATTRS = {"city": CITY, "founder": PERSON, "partner": COMPANY, "hometown": CITY, "mentor": PERSON}
 
@@ -133,13 +135,8 @@ class World:
 
     @cached_property
     def _index(self):
-        import bm25s  # lazy: bm25s (~150 ms) off the CLI's start path
-
         self._page_ids = list(self.pages)
-        corpus = [f"{p.title}\n{p.title}\n{p.text}" for p in self.pages.values()]
-        retriever = bm25s.BM25()
-        retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
-        return retriever
+        return bm25_index([f"{p.title}\n{p.title}\n{p.text}" for p in self.pages.values()])
 
     def search(self, query: str, k: int = 5) -> list[Page]:
         """The top-``k`` pages for ``query`` by BM25 score (ties broken by page order)."""
@@ -208,17 +205,3 @@ def _distractor_page(title: str, about: str, entities: dict[str, Entity], names:
             f"but visitors to {about} often stop by.")
     return "\n".join([title, "Facts:", *facts, "", lead, _filler(rng, names, 4),
                       f"See also: {about} [{e.page}]", "Links: " + e.page])
-
-
-def bm25_top(retriever, query: str, k: int, n: int) -> list[tuple[int, float]]:
-    """The ``k`` best of ``n`` indexed documents for ``query``: (index, BM25 score), best first, ties broken
-    by index; documents sharing no term with the query (score 0) are left out. English stopwords, as
-    the indexes here are built."""
-    import bm25s  # lazy: as above
-
-    tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
-    if not tokens[0]:
-        return []
-    idx, scores = retriever.retrieve(tokens, k=min(k, n), show_progress=False, n_threads=1)
-    ranked = sorted(zip(idx[0].tolist(), scores[0].tolist(), strict=True), key=lambda d: (-d[1], d[0]))
-    return [(i, s) for i, s in ranked if s > 0]

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memorywalker.records.schema import Task, Trajectory
-from memorywalker.rollout.env import Environment
-from memorywalker.rollout.harness import HarnessConfig, run_episode
+from memorywalker.rollout.environments.base import Environment
+from memorywalker.rollout.episodes.harness import HarnessConfig, run_episode
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 
 @dataclass
 class EpisodeJob:
-    """One planned episode (:func:`~memorywalker.rollout.runner.plan`), run alone or in lockstep."""
+    """One planned episode (:func:`~memorywalker.rollout.episodes.runner.plan`), run alone or in lockstep."""
 
     task: Task
     seed: int
@@ -103,7 +103,7 @@ class _Seat:
 
 def run_episodes(env: Environment, jobs: list[EpisodeJob], policy, tokenizer,
                  config: HarnessConfig) -> list[Trajectory]:
-    """:func:`~memorywalker.rollout.harness.run_episode` for every job, in lockstep with batched model
+    """:func:`~memorywalker.rollout.episodes.harness.run_episode` for every job, in lockstep with batched model
     calls; returns the trajectories in job order. Each episode gets ``copy.copy(env)``: an environment
     whose ``reset`` rebinds its per-episode state (every bundled one) needs nothing more; one that
     mutates shared state in place must define ``__copy__``. An error in one episode is raised after the

@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memorywalker.records.schema import Message, Task, ToolCall
-from memorywalker.rollout.world import slug
+from memorywalker.records.schema import Message, Task
+from memorywalker.rollout.environments.experts import Frames, notes_block, reply
+from memorywalker.rollout.environments.websearch.world import slug
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 
 NOTE_RE = re.compile(r"^- (.+?) \| (.+?): (.*)$", re.M)
@@ -76,9 +77,7 @@ class ExpertPolicy:
         self.candidates: list[tuple[str, str]] | None = None
         self.cand = 0
         self.city_page: str | None = None
-        # tc-rag frames
-        self.frame_open = False
-        self.unit_done = False
+        self.frames = Frames()  # tc-rag's push/pop around each lookup
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name}
@@ -103,7 +102,7 @@ class ExpertPolicy:
     def _note(self, entity: str, attr: str, value: str) -> None:
         self.fresh[entity, attr] = value
         self.notes[entity, attr] = value
-        self.unit_done = True
+        self.frames.unit_done = True
 
     def _observe_step(self, action: str, step: int, text: str) -> None:
         want = self.entity[step]
@@ -154,7 +153,7 @@ class ExpertPolicy:
         if title == name and all(_holds(facts.get(a), cmp, v) for a, cmp, v in clues):
             for attr, _, _ in clues:  # only the match is worth a note; the rest are just skipped
                 self._note(name, attr, facts[attr])
-        self.unit_done = True
+        self.frames.unit_done = True
         self.cand += 1
 
     # --- acting -----------------------------------------------------------------------------------
@@ -197,14 +196,11 @@ class ExpertPolicy:
     def _next_action(self, tools: list[str]) -> tuple[str, dict[str, Any]]:
         if self.tries >= self.max_tries:
             self.failed = True
-        stack = "push" in tools and "pop" in tools
-        if stack and self.frame_open and (self.unit_done or self._done()):
-            return "pop", {"summary": self._notes_text() or "nothing learned"}
+        frame = self.frames.action(tools, done=self._done(), notes=self._notes_text(), label=self._unit_label)
+        if frame is not None:
+            return frame
         if self._done():
             return "answer", {}
-        if stack and not self.frame_open:
-            self.unit_done = False
-            return "push", {"label": self._unit_label()}
         if self.combine["op"] == "constraint":
             city = self.combine["city"]
             if self.candidates is None:
@@ -244,20 +240,14 @@ class ExpertPolicy:
         if request.purpose != "act":
             done = self.cursor if self.combine["op"] != "constraint" else self.cand
             text = f"Question: {self.question}\nProgress: {done} lookups done.\nNotes:\n{notes or '- none'}"
-            return PolicyOutput(message=Message(id="", role="assistant", content=text, author="model"))
+            return reply(text)
         name, args = self._next_action(request.tools)
+        self.frames.called(name)
         if name == "answer":
             args = {"text": self._answer_from_notes(self.notes)}
-        elif name in ("push", "pop"):
-            # A pop's own result leaves the context with its frame, so the stack state is tracked
-            # when the call is made, not when its (possibly evicted) result is read.
-            self.frame_open, self.unit_done = name == "push", False
-        else:
+        elif name not in ("push", "pop"):
             self.pending = (name, self.cursor)
-        content = f"Notes:\n{notes}\n" if notes else ""
-        msg = Message(id="", role="assistant", content=content, author="model",
-                      tool_calls=[ToolCall(id="", name=name, arguments=args)])
-        return PolicyOutput(message=msg, finish_reason="stop")
+        return reply(notes_block(notes), (name, args))
 
 
 def _holds(value: str | None, cmp: str, target: Any) -> bool:

@@ -26,8 +26,8 @@ from memorywalker.records.validate import RecordError
 from memorywalker.render.render import eot_ids
 from memorywalker.render.toolcalls import CALL_FORMAT, call_arguments, parse_response
 from memorywalker.render.types import message_to_hf
-from memorywalker.rollout.compress import Compressor, apply_eviction, make_compressor
-from memorywalker.rollout.env import Environment
+from memorywalker.rollout.compressors import Compressor, apply_eviction, make_compressor
+from memorywalker.rollout.environments.base import Environment
 from memorywalker.samplers.base import Policy, PolicyRequest
 
 
@@ -267,7 +267,7 @@ def run_episode(env: Environment, task: Task, policy: Policy, tokenizer, config:
                 if obs is None:
                     result = env.step(tc.name, args)
                     obs = result.observation
-                    if "fault" in result.info:  # an injected fault (rollout/faults.py, opt-in) is tagged
+                    if "fault" in result.info:  # an injected fault (rollout/episodes/faults.py, opt-in) is tagged
                         extra = {"meta": {"fault": result.info["fault"]}}
                     if result.done:
                         done, reward = True, result.reward

@@ -12,7 +12,7 @@ Which calls fail is seeded: call ``n`` of an episode on task ``t`` fails when
 The faulted observation is an ordinary tool message (context: loss mask 0) tagged ``meta.fault``; the
 policy's next response — the recovery — is an ordinary target.
 
->>> from memorywalker.rollout.websearch import WebSearchEnv
+>>> from memorywalker.rollout.environments.websearch.env import WebSearchEnv
 >>> env = FaultInjector(WebSearchEnv(0), FaultConfig(rate=1.0, kinds=("error",)))
 >>> _ = env.reset(env.task("lookup", 0))
 >>> r = env.step("search", {"query": "anything"})
@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
-from memorywalker.rollout.env import Environment, StepResult
-from memorywalker.rollout.harness import call_seed
+from memorywalker.rollout.environments.base import Environment, StepResult
+from memorywalker.rollout.episodes.harness import call_seed
+from memorywalker.samplers.base import Policy
 
 FAULT_KINDS = ("error", "timeout", "stale")
 FAULTED_TOOLS = ("search", "open")  # answer is never faulted: it ends the episode
@@ -96,6 +97,9 @@ class FaultInjector(Environment):
             obs = "Warning: served from a stale cache; this may not answer your request.\n" + self._last[name]
         self.injected.append({"call": self._n, "tool": name, "kind": kind})
         return StepResult(obs, info={"fault": kind})
+
+    def expert(self) -> Policy:
+        return self.env.expert()  # the wrapped environment's: faults change observations, not the task
 
     def config(self) -> dict[str, Any]:
         return {**self.env.config(), "faults": asdict(self.fault_config)}

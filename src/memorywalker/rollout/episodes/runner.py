@@ -18,9 +18,9 @@ from pathlib import Path
 
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Task, Trajectory
-from memorywalker.rollout.env import Environment
-from memorywalker.rollout.harness import HarnessConfig, call_seed, run_episode
-from memorywalker.rollout.lockstep import EpisodeJob, run_episodes
+from memorywalker.rollout.environments.base import Environment
+from memorywalker.rollout.episodes.harness import HarnessConfig, call_seed, run_episode
+from memorywalker.rollout.episodes.lockstep import EpisodeJob, run_episodes
 from memorywalker.samplers.base import Policy
 
 
@@ -103,7 +103,7 @@ class RolloutSummary:
 def iter_rollouts(env: Environment, episodes: list[EpisodeJob], policy: Policy, tokenizer,
                   config: HarnessConfig, *, run_seed: int, batch: int = 1) -> Iterator[Trajectory]:
     """The episodes' trajectories in plan order. With ``batch > 1`` (a policy with ``generate_batch``)
-    ``batch`` episodes at a time run in lockstep (:func:`~memorywalker.rollout.lockstep.run_episodes`),
+    ``batch`` episodes at a time run in lockstep (:func:`~memorywalker.rollout.episodes.lockstep.run_episodes`),
     their calls batched; a failure in a group raises after the group ends, and none of it is yielded."""
     jobs = [e.with_meta({"run_seed": run_seed, "sample": e.sample}) for e in episodes]
     if batch <= 1 or not hasattr(policy, "generate_batch"):

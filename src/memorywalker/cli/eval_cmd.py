@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from memorywalker.cli import renamed
+from memorywalker.cli.harness_options import harness_option
 from memorywalker.rollout import ENVIRONMENTS
 from memorywalker.rollout.compressors import COMPRESSORS  # the compressor registry (light: no model code)
 
@@ -52,9 +53,9 @@ def eval_cmd(
     samples: int = typer.Option(1, "--samples", min=1, help="episodes per task"),
     seed: int = typer.Option(0, "--seed", help="run seed (episode seeds and the bootstrap derive from it)"),
     split: str = typer.Option("test", "--split", help="train | valid | test | all"),
-    budget: int = typer.Option(2048, "--budget", help="context budget in prompt tokens the compressor keeps to"),
-    max_steps: int = typer.Option(32, "--max-steps", min=1, help="act calls per episode (running out = failure)"),
-    max_context: int = typer.Option(8192, "--max-context", help="hard context window in tokens"),
+    budget: int = harness_option("budget"),
+    max_steps: int = harness_option("max_steps", more=" (running out = failure)", min=1),
+    max_context: int = harness_option("max_context", more=" (overflowing it = failure)", min=1),
     env: str = typer.Option("websearch", "--env", help="environment: websearch | vault"),
     world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
     world_size: str = typer.Option(None, "--world-size", help="e.g. n_cities=2,n_companies=3,n_people=3,n_distractors=2"),

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memorywalker.cli import renamed
+from memorywalker.cli.harness_options import HELP, harness_option
 
 # the compressor and environment registries, and the rollout machinery (loaded at CLI start anyway)
 from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
@@ -45,12 +46,12 @@ def rollout_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="trajectory JSONL (appended to; resumable)"),
     split: str = typer.Option(None, "--split", help="only tasks of this split: train | valid | test"),
     samples: int = typer.Option(1, "--samples", min=1, help="rollouts per task (a GRPO group)"),
-    budget: int = typer.Option(2048, "--budget", help="context budget in prompt tokens"),
-    watermark: float = typer.Option(0.8, "--watermark", help="compress above watermark * budget"),
-    keep_recent: int = typer.Option(1, "--keep-recent", help="recent steps protected from pruning/folding"),
-    max_steps: int = typer.Option(32, "--max-steps", help="act calls per episode"),
+    budget: int = harness_option("budget"),
+    watermark: float = harness_option("watermark"),
+    keep_recent: int = harness_option("keep_recent"),
+    max_steps: int = harness_option("max_steps"),
     max_context: int = typer.Option(None, "--max-context", min=1,
-                                    help="hard context window in tokens (default: HarnessConfig's 8192; vllm: at most "
+                                    help=f"{HELP['max_context']} (default: {HarnessConfig.max_context}; vllm: at most "
                                          "the model's positions − --max-new-tokens)"),
     world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="HF tokenizer dir (default: the model's, or the kit's for expert)"),

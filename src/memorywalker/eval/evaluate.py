@@ -45,9 +45,9 @@ class EvalConfig:
 
     suites: tuple[str, ...] = ("lookup",)  # each is evaluated separately (retention: suites not trained on)
     compressor: str = "none"  # compression policy of the episodes (HarnessConfig.name; was `harness`)
-    budget: int = 2048  # context budget in prompt tokens the compressor keeps to
-    max_steps: int = 32  # act calls per episode: running out is a failure (budget exhaustion)
-    max_context: int = 8192  # hard context window: overflowing it is a failure
+    budget: int = HarnessConfig.budget  # context budget in prompt tokens the compressor keeps to
+    max_steps: int = HarnessConfig.max_steps  # act calls per episode: running out is a failure (budget exhaustion)
+    max_context: int = HarnessConfig.max_context  # hard context window: overflowing it is a failure
     n: int = 16  # tasks per suite
     samples: int = 1  # episodes per task (each its own seed)
     seed: int = 0  # run seed: the per-episode seeds derive from it, identically for model and baseline
@@ -201,7 +201,7 @@ def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candi
     """Run ``model`` (and ``baseline``) on every suite; write episodes and ``report.json``; return the report."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    harness = HarnessConfig.of(cfg)
     env = make_env(cfg)
     cands = [c for c in (model, baseline) if c is not None]
     rows: dict[str, dict[str, list]] = {c.label: {} for c in cands}

@@ -55,7 +55,7 @@ class DaggerConfig:
     compressor: str = "claude-code"  # compression policy of the rollouts (was `harness`)
     budget: int = 1024  # context budget in prompt tokens the compressor keeps to
     max_steps: int = 8  # act calls per episode (rollouts, verification and evaluation)
-    max_context: int = 8192
+    max_context: int = HarnessConfig.max_context  # hard context window in tokens
     temperature: float = 1.0  # learner sampling temperature in rollouts (evaluation is greedy)
     max_new_tokens: int = 96  # learner response length limit
     world_seed: int = 0
@@ -114,7 +114,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     renderer = Renderer(tok)
     env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
     verify_env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
-    harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
+    harness = HarnessConfig.of(cfg)
     rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
     base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)
     report: dict[str, Any] = {"config": asdict(cfg), "model": model_dir, "held_out_reward_before": base_reward,

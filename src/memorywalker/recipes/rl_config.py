@@ -12,7 +12,7 @@ from pydantic import field_validator, model_validator
 
 from memorywalker.gateway.harnesses import PINNED, is_known
 from memorywalker.objectives.rollout_correction import LEVELS
-from memorywalker.rollout import ENVIRONMENTS, make_compressor
+from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, make_compressor
 from memorywalker.train.config import ENGINE_DEFAULTS, TrainConfig, check_choice
 
 # Fields that must be > 0, and why (one validator, these messages).
@@ -34,11 +34,12 @@ class RLConfig(TrainConfig):
     prompts_per_step: int = 4  # tasks (GRPO groups) per step, over all ranks
     group_size: int = 4  # episodes per task
     compressor: str = "claude-code"  # compression policy (memorywalker.rollout.COMPRESSORS); was `harness`
-    budget: int = 2048  # context budget (prompt tokens) the compressor compresses to
-    watermark: float = 0.8  # compress above watermark × budget
-    keep_recent: int = 1  # most recent steps protected from pruning, folding and offloading
-    max_turns: int = 8  # act calls per episode
-    max_context: int = 8192  # hard window: a longer prompt ends the episode
+    # HarnessConfig's fields, its defaults (but for fewer act calls per episode: RL's episodes are short)
+    budget: int = HarnessConfig.budget  # context budget (prompt tokens) the compressor compresses to
+    watermark: float = HarnessConfig.watermark  # compress above watermark × budget
+    keep_recent: int = HarnessConfig.keep_recent  # most recent steps protected from pruning, folding and offloading
+    max_turns: int = 8  # act calls per episode (HarnessConfig.max_steps)
+    max_context: int = HarnessConfig.max_context  # hard window: a longer prompt ends the episode
     # --- rollouts as sessions of a real harness (memorywalker.recipes.rl_harness, docs/harness-rl.md)
     tasks: str | None = None  # task file (memorywalker.gateway.tasks); set: every episode is a harness session
     harness: str | None = None  # with tasks: claude-code | codex | opencode | cmd:COMMAND

@@ -17,7 +17,7 @@ what the call records as ``context_tokens``.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from memorywalker.records.builder import TrajectoryBuilder
@@ -49,6 +49,19 @@ class HarnessConfig:
         make_compressor(self.name)  # raises with the valid names
         if not 0 < self.watermark <= 1:
             raise ValueError(f"watermark must be in (0, 1], got {self.watermark}")
+
+    @classmethod
+    def of(cls, settings: Any) -> HarnessConfig:
+        """The harness of a command's or recipe's config (``EvalConfig``, ``DaggerConfig``): its ``compressor``
+        and whichever of this class's fields it also has, under the same names (the rest keep their defaults).
+
+        >>> from types import SimpleNamespace
+        >>> h = HarnessConfig.of(SimpleNamespace(compressor="opencode", budget=512, max_steps=6, seed=3))
+        >>> h.name, h.budget, h.max_steps, h.max_context == HarnessConfig.max_context
+        ('opencode', 512, 6, True)
+        """
+        given = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name != "name" and hasattr(settings, f.name)}
+        return cls(settings.compressor, **given)
 
 
 def call_seed(seed: int, *parts: Any) -> int:

@@ -139,7 +139,9 @@ def test_bench_rollouts_reports_both_side_by_side(kit):
                                    "websearch", "--suite", "chain", "--budget", "600", "--tasks", "1", "--group", "2",
                                    "--temperature", "0", "--max-turns", "2", "--max-new-tokens", "8", "--json", "-"])
     assert res.exit_code == 0, res.output
+    assert "--max-turns is now --max-steps" in res.output  # the old spelling still works, with one line
     r = json.loads(res.output[res.output.index("{"):])
+    assert r["config"]["max_steps"] == 2
     assert r["episodes"] == 2 == r["same_episodes"] and r["max_abs_logprob_diff"] <= 1e-5
     assert r["sequential_s"] > 0 and r["lockstep_s"] > 0 and r["speedup"] == r["sequential_s"] / r["lockstep_s"]
 
@@ -156,7 +158,7 @@ def test_bench_rollouts_runs_the_corpus_environment(kit):
 
     res = CliRunner().invoke(app, ["bench", "rollouts", "--model", str(kit[1]), "--tokenizer", str(kit[0]), "--env",
                                    "corpus", "--suite", "all", "--budget", "600", "--tasks", "1", "--group", "2",
-                                   "--temperature", "0", "--max-turns", "2", "--max-new-tokens", "8", "--seed", "3",
+                                   "--temperature", "0", "--max-steps", "2", "--max-new-tokens", "8", "--seed", "3",
                                    "--json", "-"])
     assert res.exit_code == 0, res.output
     r = json.loads(res.output[res.output.index("{"):])

@@ -50,7 +50,8 @@ def bench_rollouts(
     group: int = typer.Option(8, min=1, help="episodes per task"),
     temperature: float = typer.Option(1.0, min=0.0, help="sampling temperature (0 = greedy)"),
     max_new_tokens: int = typer.Option(64, min=1),
-    max_turns: int = typer.Option(6, min=1),
+    max_steps: int = renamed.option("--max-steps", 6, "act calls per episode", min=1),
+    max_turns: int = renamed.old_option("--max-steps", min=1),
     repeats: int = typer.Option(1, min=1, help="timed runs of each (median reported)"),
     seed: int = typer.Option(0),
     json_out: str = typer.Option(None, "--json", help="write the result as JSON to this path ('-' = stdout)"),
@@ -59,13 +60,14 @@ def bench_rollouts(
 ) -> None:
     """Seconds to roll out the same episodes one by one and in lockstep (and with --vllm through vLLM)."""
     harness = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker bench rollouts")
+    max_steps = renamed.value("--max-steps", max_steps, max_turns, 6, "memorywalker bench rollouts")
     # the vLLM row first: an engine that cannot start fails before the minutes of the HF rows
     row = run_vllm_row(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                        budget=budget, tasks=tasks, group=group, temperature=temperature, max_new_tokens=max_new_tokens,
-                       max_turns=max_turns, seed=seed, dtype=dtype) if vllm else {}
+                       max_steps=max_steps, seed=seed, dtype=dtype) if vllm else {}
     result = run_rollout_bench(model_dir=model, tokenizer_dir=tokenizer, env_name=env, suite=suite, harness=harness,
                                budget=budget, tasks=tasks, group=group, temperature=temperature,
-                               max_new_tokens=max_new_tokens, max_turns=max_turns, repeats=repeats, seed=seed,
+                               max_new_tokens=max_new_tokens, max_steps=max_steps, repeats=repeats, seed=seed,
                                dtype=dtype)
     result.update(row)
     if json_out == "-":
@@ -87,7 +89,7 @@ def bench_rollouts(
 
 
 def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
-                      group: int, temperature: float, max_new_tokens: int, max_turns: int, repeats: int,
+                      group: int, temperature: float, max_new_tokens: int, max_steps: int, repeats: int,
                       seed: int, dtype: str = "float32") -> dict:
     from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
@@ -101,7 +103,7 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
     world = ENVIRONMENTS[env_name](world_seed=seed)  # by name: CorpusEnv's first argument is its corpus
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     policy = HFPolicy(str(model_dir), temperature=temperature, max_new_tokens=max_new_tokens, tokenizer=tok, dtype=dtype)
-    cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
+    cfg = HarnessConfig(harness, budget=budget, max_steps=max_steps)
     jobs = _jobs(world, suite, tasks, group, seed, harness)
 
     def one_by_one():
@@ -128,7 +130,7 @@ def run_rollout_bench(*, model_dir, tokenizer_dir, env_name: str, suite: str, ha
     s, lk = statistics.median(times["one_by_one"]), statistics.median(times["lockstep"])
     return {"config": {"model": str(model_dir), "env": env_name, "suite": suite, "compressor": harness, "budget": budget,
                        "tasks": tasks, "group": group, "temperature": temperature, "max_new_tokens": max_new_tokens,
-                       "max_turns": max_turns, "repeats": repeats, "seed": seed, "dtype": dtype},
+                       "max_steps": max_steps, "repeats": repeats, "seed": seed, "dtype": dtype},
             "episodes": len(jobs), "calls": sum(len(t.calls) for t in lock),
             "response_tokens": sum(len(c.response_tokens) for t in lock for c in t.calls),
             "sequential_s": s, "lockstep_s": lk, "speedup": s / lk, "same_episodes": same,
@@ -142,7 +144,7 @@ def _jobs(world, suite: str, tasks: int, group: int, seed: int, harness: str):
 
 
 def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness: str, budget: int, tasks: int,
-                 group: int, temperature: float, max_new_tokens: int, max_turns: int, seed: int, dtype: str) -> dict:
+                 group: int, temperature: float, max_new_tokens: int, max_steps: int, seed: int, dtype: str) -> dict:
     """The same jobs as :func:`run_rollout_bench`, in lockstep through a vLLM engine, timed once."""
     from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
 
@@ -151,7 +153,7 @@ def run_vllm_row(*, model_dir, tokenizer_dir, env_name: str, suite: str, harness
                                  "refused by vLLM's CPU attention)", param_hint="--model")
     world = ENVIRONMENTS[env_name](world_seed=seed)  # by name: CorpusEnv's first argument is its corpus
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
-    cfg = HarnessConfig(harness, budget=budget, max_steps=max_turns)
+    cfg = HarnessConfig(harness, budget=budget, max_steps=max_steps)
     t0 = time.perf_counter()
     from memorywalker.train.inputs import model_positions  # lazy: the command's machinery, only when it runs
 

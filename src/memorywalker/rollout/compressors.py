@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memorywalker.records.schema import ToolSchema, Trajectory
+from memorywalker.rollout.environments.base import tool
 
 if TYPE_CHECKING:
     from memorywalker.rollout.episodes.harness import Episode
@@ -200,9 +201,7 @@ class Memex(Compressor):
         self.store: dict[str, str] = {}
 
     def tools(self) -> list[ToolSchema]:
-        return [ToolSchema(name="recall", description="Read back a stored observation by its memory key.",
-                           parameters={"type": "object", "properties": {"key": {"type": "string"}},
-                                       "required": ["key"]})]
+        return [tool("recall", "Read back a stored observation by its memory key.", {"key": "string"})]
 
     def handle(self, ep: Episode, name: str, arguments: dict[str, Any]) -> str | None:
         if name != "recall":
@@ -242,12 +241,9 @@ class TCRag(Compressor):
 
     def tools(self) -> list[ToolSchema]:
         return [
-            ToolSchema(name="push", description="Open a memory frame for a sub-task.",
-                       parameters={"type": "object", "properties": {"label": {"type": "string"}},
-                                   "required": ["label"]}),
-            ToolSchema(name="pop", description="Close the top frame: its messages leave the context and "
-                       "the summary stays.", parameters={"type": "object", "properties": {
-                           "summary": {"type": "string"}}, "required": ["summary"]}),
+            tool("push", "Open a memory frame for a sub-task.", {"label": "string"}),
+            tool("pop", "Close the top frame: its messages leave the context and the summary stays.",
+                 {"summary": "string"}),
         ]
 
     def handle(self, ep: Episode, name: str, arguments: dict[str, Any]) -> str | None:

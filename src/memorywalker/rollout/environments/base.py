@@ -88,6 +88,17 @@ class Environment(ABC):
                          "openai:URL)")
 
 
+def tool(name: str, description: str, required: dict[str, str], optional: dict[str, str] | None = None) -> ToolSchema:
+    """A function tool whose arguments are ``required`` and ``optional`` (name -> JSON type), in that order.
+
+    >>> tool("open", "Open a box.", {"box": "string"}).parameters
+    {'type': 'object', 'properties': {'box': {'type': 'string'}}, 'required': ['box']}
+    """
+    properties = {arg: {"type": kind} for arg, kind in {**required, **(optional or {})}.items()}
+    return ToolSchema(name=name, description=description,
+                      parameters={"type": "object", "properties": properties, "required": list(required)})
+
+
 def normalize_answer(text: str) -> str:
     """Lowercase, drop punctuation, articles and thousands separators, collapse spaces.
 

@@ -173,22 +173,31 @@ def _object(row: Any, where: str) -> dict[str, Any]:
     return row
 
 
+def _rows(path: str | os.PathLike, id_names: tuple[str, ...], what: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(``FILE: line N``, the line's object, its id) for each line of ``path`` (the id under one of ``id_names``)."""
+    for where, row in iter_rows(path):
+        where = f"{path}: {where}"
+        row = _object(row, where)
+        yield where, row, _id(_field(row, id_names, f"{what} id", where), f"{what} id", where, id_names)
+
+
+def _first(first: dict[str, str], rid: str, what: str, where: str) -> None:
+    """Record where id ``rid`` first stood; a second time is an error naming both lines."""
+    if rid in first:
+        raise CorpusError(f"{where}: duplicate {what} id {rid!r} (first at {first[rid]})")
+    first[rid] = where.rsplit(": ", 1)[-1]
+
+
 def read_documents(path: str | os.PathLike) -> list[Document]:
     """The documents of ``path``, in file order (:class:`CorpusError` on the first bad line)."""
     docs: list[Document] = []
     first: dict[str, str] = {}
-    for where, row in iter_rows(path):
-        where = f"{path}: {where}"
-        row = _object(row, where)
-        docid = _id(_field(row, DOC_FIELDS["docid"], "document id", where), "document id", where,
-                    DOC_FIELDS["docid"])
+    for where, row, docid in _rows(path, DOC_FIELDS["docid"], "document"):
         text = _field(row, DOC_FIELDS["text"], "text", where)
         if not isinstance(text, str):
             raise CorpusError(f"{where}: document {docid!r} has no text (a string field named "
                               f"{' or '.join(DOC_FIELDS['text'])})")
-        if docid in first:
-            raise CorpusError(f"{where}: duplicate document id {docid!r} (first at {first[docid]})")
-        first[docid] = where.rsplit(": ", 1)[-1]
+        _first(first, docid, "document", where)
         docs.append(Document(docid, text, _optional_str(_field(row, DOC_FIELDS["title"], "title", where), "title", where),
                              _optional_str(_field(row, DOC_FIELDS["url"], "url", where), "url", where)))
     if not docs:
@@ -224,11 +233,7 @@ def read_queries(path: str | os.PathLike, documents: dict[str, Document], *, cor
     """The queries of ``path``; every evidence id must name one of ``documents``."""
     queries: list[Query] = []
     first: dict[str, str] = {}
-    for where, row in iter_rows(path):
-        where = f"{path}: {where}"
-        row = _object(row, where)
-        qid = _id(_field(row, QUERY_FIELDS["query_id"], "query id", where), "query id", where,
-                  QUERY_FIELDS["query_id"])
+    for where, row, qid in _rows(path, QUERY_FIELDS["query_id"], "query"):
         question = _field(row, QUERY_FIELDS["query"], "question", where)
         if not isinstance(question, str) or not question.strip():
             raise CorpusError(f"{where}: query {qid!r} has no question (a string field named "
@@ -239,9 +244,7 @@ def read_queries(path: str | os.PathLike, documents: dict[str, Document], *, cor
         if missing:
             raise CorpusError(f"{where}: evidence document {missing[0]!r} of query {qid!r} is not in {corpus_name}"
                               + (f" ({len(missing)} of its {len(evidence)} evidence ids are not)" if len(missing) > 1 else ""))
-        if qid in first:
-            raise CorpusError(f"{where}: duplicate query id {qid!r} (first at {first[qid]})")
-        first[qid] = where.rsplit(": ", 1)[-1]
+        _first(first, qid, "query", where)
         queries.append(Query(qid, question, answers, tuple(evidence)))
     if not queries:
         raise CorpusError(f"{path}: no queries")

@@ -30,7 +30,7 @@ from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
 from memorywalker.render.toolcalls import call_arguments
-from memorywalker.rollout.environments.base import Environment, StepResult, split_of
+from memorywalker.rollout.environments.base import Environment, StepResult, split_of, tool
 from memorywalker.rollout.environments.corpus.documents import (
     FAILED,
     Corpus,
@@ -52,13 +52,10 @@ SYSTEM_PROMPT = (
 )
 
 TOOLS = [
-    ToolSchema(name="search", description="Search the documents. Returns docids, titles and snippets.",
-               parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
-    ToolSchema(name="open", description="Open a document by its docid; part 2, 3, ... continue a long one.",
-               parameters={"type": "object", "properties": {"docid": {"type": "string"}, "part": {"type": "integer"}},
-                           "required": ["docid"]}),
-    ToolSchema(name="answer", description="Give the final answer. Ends the episode.",
-               parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+    tool("search", "Search the documents. Returns docids, titles and snippets.", {"query": "string"}),
+    tool("open", "Open a document by its docid; part 2, 3, ... continue a long one.", {"docid": "string"},
+         {"part": "integer"}),
+    tool("answer", "Give the final answer. Ends the episode.", {"text": "string"}),
 ]
 RESULT_RE = re.compile(r"^\d+\. \[([^\]]*)\]", re.M)  # a search result line's docid
 

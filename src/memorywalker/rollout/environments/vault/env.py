@@ -37,7 +37,7 @@ from itertools import pairwise
 from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
-from memorywalker.rollout.environments.base import Environment, StepResult, normalize_answer, split_of
+from memorywalker.rollout.environments.base import Environment, StepResult, normalize_answer, split_of, tool
 from memorywalker.rollout.environments.vault.expert import VaultExpert, pairs_text
 
 NAMES = ["kal", "mor", "tis", "ven", "dax", "lum", "pov", "rin", "sab", "tor", "bel", "cuz", "fen", "gil",
@@ -63,10 +63,8 @@ SYSTEM_PROMPT = (
 )
 
 TOOLS = [
-    ToolSchema(name="open", description="Open a box.",
-               parameters={"type": "object", "properties": {"box": {"type": "string"}}, "required": ["box"]}),
-    ToolSchema(name="answer", description="Each box and its code.",
-               parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+    tool("open", "Open a box.", {"box": "string"}),
+    tool("answer", "Each box and its code.", {"text": "string"}),
 ]
 
 def graded_reward(prediction: str, boxes: list[str], codes: list[str]) -> float:

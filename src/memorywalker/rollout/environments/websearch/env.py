@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from memorywalker.records.schema import Task, ToolSchema
-from memorywalker.rollout.environments.base import Environment, StepResult, exact_match
+from memorywalker.rollout.environments.base import Environment, StepResult, exact_match, tool
 from memorywalker.rollout.environments.websearch.expert import ExpertPolicy
 from memorywalker.rollout.environments.websearch.suites import SUITES, make_task
 from memorywalker.rollout.environments.websearch.world import World
@@ -25,12 +25,9 @@ SYSTEM_PROMPT = (
 )
 
 TOOLS = [
-    ToolSchema(name="search", description="Search the web. Returns page ids, titles and snippets.",
-               parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
-    ToolSchema(name="open", description="Open a page by its id.",
-               parameters={"type": "object", "properties": {"page": {"type": "string"}}, "required": ["page"]}),
-    ToolSchema(name="answer", description="Give the final answer. Ends the episode.",
-               parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+    tool("search", "Search the web. Returns page ids, titles and snippets.", {"query": "string"}),
+    tool("open", "Open a page by its id.", {"page": "string"}),
+    tool("answer", "Give the final answer. Ends the episode.", {"text": "string"}),
 ]
 
 

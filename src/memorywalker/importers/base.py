@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,14 @@ def files_under(paths: list[Path], pattern: str = "*.jsonl") -> Iterator[Path]:
     """Each input file, or the files matching ``pattern`` anywhere under an input folder (sorted)."""
     for path in paths:
         yield from sorted(path.rglob(pattern)) if path.is_dir() else [path]
+
+
+def import_files(files: Iterable[Path], import_file: Callable[[Path, ImportResult], object]) -> ImportResult:
+    """One result for ``import_file(f, result)`` over each of ``files`` (an importer's ``import_paths``)."""
+    result = ImportResult()
+    for f in files:
+        import_file(f, result)
+    return result
 
 
 def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:

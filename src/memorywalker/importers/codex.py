@@ -28,6 +28,7 @@ from memorywalker.importers.base import (
     carried,
     content_text,
     files_under,
+    import_files,
     parse_arguments,
     read_jsonl,
 )
@@ -42,10 +43,7 @@ USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
 
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    result = ImportResult()
-    for f in files_under(paths):
-        import_file(f, result)
-    return result
+    return import_files(files_under(paths), import_file)
 
 
 def _is_output(item: dict) -> bool:

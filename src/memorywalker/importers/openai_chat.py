@@ -22,6 +22,7 @@ from memorywalker.importers.base import (
     as_list,
     as_text,
     content_text,
+    import_files,
     infer_evictions,
     parse_arguments,
     read_jsonl,
@@ -79,11 +80,9 @@ def _unwrap(obj: dict) -> tuple[dict | None, dict | None]:
 
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    result = ImportResult()
-    for path in paths:
-        for f in sorted(path.glob("*.jsonl")) if path.is_dir() else [path]:
-            import_file(f, result)
-    return result
+    # a folder's own *.jsonl files, not its subfolders'
+    return import_files((f for path in paths for f in (sorted(path.glob("*.jsonl")) if path.is_dir() else [path])),
+                        import_file)
 
 
 def import_file(path: Path, result: ImportResult) -> None:

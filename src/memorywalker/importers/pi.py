@@ -37,6 +37,7 @@ from memorywalker.importers.base import (
     carried,
     content_text,
     files_under,
+    import_files,
     read_jsonl,
 )
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
@@ -53,10 +54,7 @@ _ROLES = {"user", "assistant", "toolResult", "bashExecution", "custom", "hookMes
 
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    result = ImportResult()
-    for f in files_under(paths):
-        import_file(f, result)
-    return result
+    return import_files(files_under(paths), import_file)
 
 
 def bash_text(m: dict) -> str:

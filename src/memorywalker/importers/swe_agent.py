@@ -30,6 +30,8 @@ from memorywalker.importers.base import (
     ImportResult,
     carried,
     content_text,
+    files_under,
+    import_files,
     infer_evictions,
     read_json,
     wrong_key_field,
@@ -41,11 +43,7 @@ FORMAT = "swe-agent"
 
 
 def import_paths(paths: list[Path], options: ImportOptions | None = None) -> ImportResult:
-    result = ImportResult()
-    for path in paths:
-        for f in sorted(path.rglob("*.traj")) if path.is_dir() else [path]:
-            import_file(f, result)
-    return result
+    return import_files(files_under(paths, "*.traj"), import_file)
 
 
 def _dict_list(x: Any) -> bool:

@@ -173,6 +173,13 @@ def _check_tool_binding(where: str, context, response) -> None:
             )
 
 
+def _one_per_response_token(where: str, call, rows: list, what: str, reason: str) -> None:
+    """``rows`` (of ``call``'s rollout logprobs or top-k) must hold one entry per response token."""
+    n = len(call.response_tokens) if call.response_tokens is not None else None
+    if n != len(rows):
+        raise RecordError(reason, f"{where} has {len(rows)} {what} for {n} response tokens")
+
+
 def _check_tokens(where: str, call, vocab_size: int | None) -> None:
     has_ctx, has_resp = call.context_tokens is not None, call.response_tokens is not None
     if has_ctx != has_resp:
@@ -183,19 +190,9 @@ def _check_tokens(where: str, call, vocab_size: int | None) -> None:
             if bad is not None:
                 raise RecordError("token_out_of_vocab", f"{where} {name} has id {bad} (vocab size {vocab_size})")
     if call.rollout_logprobs is not None:
-        n = len(call.response_tokens) if has_resp else None
-        if n != len(call.rollout_logprobs):
-            raise RecordError(
-                "logprob_length_mismatch",
-                f"{where} has {len(call.rollout_logprobs)} rollout_logprobs for {n} response tokens",
-            )
+        _one_per_response_token(where, call, call.rollout_logprobs, "rollout_logprobs", "logprob_length_mismatch")
         bad = next((x for x in call.rollout_logprobs if not math.isfinite(x) or x > _LOGPROB_SLACK), None)
         if bad is not None:
             raise RecordError("invalid_logprob", f"{where} rollout_logprobs contains {bad}")
     if call.rollout_top_logprobs is not None:
-        n = len(call.response_tokens) if has_resp else None
-        if n != len(call.rollout_top_logprobs):
-            raise RecordError(
-                "top_logprobs_length_mismatch",
-                f"{where} has {len(call.rollout_top_logprobs)} top-k rows for {n} response tokens",
-            )
+        _one_per_response_token(where, call, call.rollout_top_logprobs, "top-k rows", "top_logprobs_length_mismatch")

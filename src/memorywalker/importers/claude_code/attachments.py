@@ -68,26 +68,31 @@ def _file(a: dict) -> list[dict]:
 
 def _todo(a: dict) -> list[dict]:
     items = "\n".join(f"{i + 1}. [{t.get('status')}] {t.get('content')}" for i, t in enumerate(a.get("content") or []))
-    msg = ("The TodoWrite tool hasn't been used recently. If you're working on tasks that would benefit from "
-           "tracking progress, consider using the TodoWrite tool to track progress. Also consider cleaning up "
-           "the todo list if has become stale and no longer matches what you are working on. Only use it if "
-           "it's relevant to the current work. This is just a gentle reminder - ignore if not applicable. Make "
-           "sure that you NEVER mention this reminder to the user\n")
-    if items:
-        msg += f"\n\nHere are the existing contents of your todo list:\n\n[{items}]"
-    return _user(msg)
+    return _reminder(TODO_REMINDER, "contents of your todo list", f"[{items}]" if items else "")
 
 
 def _task(a: dict) -> list[dict]:
     items = "\n".join(f"#{t.get('id')}. [{t.get('status')}] {t.get('subject')}" for t in as_list(a.get("content")))
-    msg = ("The task tools haven't been used recently. If you're working on tasks that would benefit from "
-           "tracking progress, consider using TaskCreate to add new tasks and TaskUpdate to update task status "
-           "(set to in_progress when starting, completed when done). Also consider cleaning up the task list if "
-           "it has become stale. Only use these if relevant to the current work. This is just a gentle reminder "
-           "- ignore if not applicable. Make sure that you NEVER mention this reminder to the user\n")
-    if items:
-        msg += f"\n\nHere are the existing tasks:\n\n{items}"
-    return _user(msg)
+    return _reminder(TASK_REMINDER, "tasks", items)
+
+
+TODO_REMINDER = (
+    "The TodoWrite tool hasn't been used recently. If you're working on tasks that would benefit from "
+    "tracking progress, consider using the TodoWrite tool to track progress. Also consider cleaning up "
+    "the todo list if has become stale and no longer matches what you are working on. Only use it if "
+    "it's relevant to the current work. This is just a gentle reminder - ignore if not applicable. Make "
+    "sure that you NEVER mention this reminder to the user\n")
+TASK_REMINDER = (
+    "The task tools haven't been used recently. If you're working on tasks that would benefit from "
+    "tracking progress, consider using TaskCreate to add new tasks and TaskUpdate to update task status "
+    "(set to in_progress when starting, completed when done). Also consider cleaning up the task list if "
+    "it has become stale. Only use these if relevant to the current work. This is just a gentle reminder "
+    "- ignore if not applicable. Make sure that you NEVER mention this reminder to the user\n")
+
+
+def _reminder(text: str, listing: str, items: str) -> list[dict]:
+    """Claude Code's reminder ``text``, followed by the existing ``listing`` when there are ``items``."""
+    return _user(text + (f"\n\nHere are the existing {listing}:\n\n{items}" if items else ""))
 
 
 def _hook_success(a: dict) -> list[dict]:

@@ -55,7 +55,7 @@ def step_denominators(batches: Sequence[Batch], cfg: EngineConfig, group=None) -
 
 def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool = True,
         denominators: Denominators | None = None, advantages=None, weights=None,
-        old_logprobs=None) -> EngineResult:
+        old_logprobs=None, schedule=None) -> EngineResult:
     """Run ``cfg.method`` + ``cfg.objective`` on ``model`` for ``batch``: :func:`~memorywalker.engine.loss`,
     streamed buffer by buffer.
 
@@ -67,8 +67,12 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
     ``denominators`` come from :func:`step_denominators` over every micro-batch of the step; when
     omitted, this batch is the whole step (all-reduced over ranks when torch.distributed is up).
     ``advantages``, ``weights``, ``old_logprobs``: per-target [N] inputs overriding the batch's.
+    ``schedule``: what runs each backward, ``schedule.backward(loss)`` — a sharded step's
+    (:class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on every pass); default
+    ``loss.backward()``.
     """
     cfg = cfg or EngineConfig()
+    backward_of = schedule.backward if schedule is not None else torch.Tensor.backward
     method, objective = get_method(cfg.method), get_objective(cfg.objective)
     layout = layout_for(batch, cfg)
     device = model_device(model)
@@ -113,7 +117,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
                 kl_rows = kl_rows.index_put((out.kl_rows,), out.kl, accumulate=True)
             if method.backward == "each":
                 if backward and chunk.requires_grad:
-                    chunk.backward()
+                    backward_of(chunk)
                     passes["backwards"] += 1
                 total = total + chunk.detach()
             else:
@@ -126,7 +130,7 @@ def run(model, batch: Batch, cfg: EngineConfig | None = None, *, backward: bool 
             eps_kl = eps_kl.detach()
         if method.backward == "once":
             if backward and pending.requires_grad:
-                pending.backward()
+                backward_of(pending)
                 passes["backwards"] += 1
             total = pending.detach()
 

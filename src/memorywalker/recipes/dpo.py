@@ -54,6 +54,7 @@ from memorywalker.train.model import load_model, load_tokenizer
 from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import RefCache, ref_settings, reference_sums, weights_hash
 from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
+from memorywalker.train.sharded_step import StepSchedule
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -162,13 +163,13 @@ def pair_loss(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: Engin
 
 
 def pair_step(model, pairs: list[AdmittedPair], ref: torch.Tensor, engine: EngineConfig, cfg: DPOConfig,
-              num_pairs: torch.Tensor, *, backward: bool = True) -> dict[str, torch.Tensor]:
+              num_pairs: torch.Tensor, *, backward: bool = True, schedule=None) -> dict[str, torch.Tensor]:
     """One micro-batch of pairs (:func:`pair_loss`) and, with ``backward``, its gradient accumulated
-    into ``model``. Returns the stats."""
+    into ``model`` (through ``schedule.backward`` when given: a sharded step's). Returns the stats."""
     with torch.enable_grad() if backward else torch.no_grad():
         total, stats = pair_loss(model, pairs, ref, engine, cfg, num_pairs)
         if backward and total.requires_grad:
-            total.backward()
+            schedule.backward(total) if schedule is not None else total.backward()
     return stats
 
 
@@ -176,8 +177,6 @@ def train(cfg: DPOConfig, *, pairs: list[tuple[str, str]] | None = None, traject
           progress: bool = True) -> TrainResult:
     """Run the recipe on ``cfg.data`` / ``cfg.pairs`` (or the given ``trajectories`` / ``pairs`` ids).
     The run dir is this process's until the run ends (a second process on it is refused)."""
-    if cfg.parallel != "ddp":  # the sharded (fsdp) step is built for sft and rl only
-        raise ConfigError("dpo runs with parallel=ddp only (fsdp is not built for the dpo recipe yet)")
     with owned_run_dir(cfg, "dpo"):
         return _train(cfg, pairs=pairs, trajectories=trajectories, progress=progress)
 
@@ -230,7 +229,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
     del ref_model
 
     # --- model: adapter, optimizer, resume ----------------------------------------------------------------
-    model, optimizer = prepare_training(model, cfg, info)  # adapter, then AdamW (dpo refuses fsdp)
+    model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
     state = restore(run_dir, cfg.resume, model, optimizer, verbose=info.is_main, clean_up=info.is_main)
     start = state["step"] if state else 0
     inputs = input_hashes(tokenizer, trajectories, data=cfg.data, pairs=cfg.pairs)  # a resume compares them
@@ -250,15 +249,17 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
         micro = rank_micro_batches(ids, info, cfg.grad_accum)
         num_pairs = reduce_denominator([torch.tensor(float(len(mb))) for mb in micro])  # Σ over ranks
         rows = []
-        for mb in micro:
-            out = pair_step(engine_model(model), [admitted[i] for i in mb], ref[mb], engine, cfg, num_pairs)
-            rows.append({"loss": out["loss"], "margin": out["margin"].mean(),
-                         "accuracy": (out["margin"] > 0).double().mean(),
-                         "coefficient": out["coefficient"].mean(), "chosen_reward": out["chosen_reward"].mean(),
-                         "rejected_reward": out["rejected_reward"].mean(), "tokens": out["tokens"]})
+        with StepSchedule(model) as schedule:  # fsdp: the ranks agree on every pass (a layer gathered at a time)
+            for mb in micro:
+                out = pair_step(engine_model(model), [admitted[i] for i in mb], ref[mb], engine, cfg, num_pairs,
+                                schedule=schedule)
+                rows.append({"loss": out["loss"], "margin": out["margin"].mean(),
+                             "accuracy": (out["margin"] > 0).double().mean(),
+                             "coefficient": out["coefficient"].mean(), "chosen_reward": out["chosen_reward"].mean(),
+                             "rejected_reward": out["rejected_reward"].mean(), "tokens": out["tokens"]})
         lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
-        metrics = reduce_step_metrics(rows)
+        metrics = reduce_step_metrics(rows + [schedule.metrics()])
         metrics.update(lr=lr, grad_norm=float(grad_norm), seconds=time.perf_counter() - t0)
         logger.log(step, metrics)
         history.append({"step": step, **metrics})

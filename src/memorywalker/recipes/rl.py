@@ -74,6 +74,7 @@ from memorywalker.train.model import load_model
 from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import weights_hash
 from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
+from memorywalker.train.sharded_step import StepSchedule
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -242,18 +243,18 @@ def _update(cfg: RLConfig, model, optimizer, micro: list[Batch], engine, step: i
     the rollout logprobs is the train/rollout mismatch) with the last epoch's loss."""
     if cfg.corrects_rollouts:
         dens = step_denominators(micro, engine)
-        with gathered(model):
+        with gathered(model):  # fsdp: no backward; every layer gathered once, nothing communicates inside
             for mb in micro:  # [N] per mb.targets row; NaN where the method lost a target (rollout used)
                 mb.old_logprob = run(engine_model(model), mb, engine, backward=False,
                                      denominators=dens).logprobs.cpu().numpy()
     first = None
     for epoch in range(cfg.ppo_epochs):
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-        with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
-            results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
+        with StepSchedule(model) as schedule:  # fsdp: the ranks agree on every pass (a layer gathered at a time)
+            results = [run(engine_model(model), mb, engine, denominators=dens, schedule=schedule) for mb in micro]
         lr = warmup_lr(cfg.lr, step * cfg.ppo_epochs + epoch, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
-        epoch_metrics = reduce_step_metrics([r.metrics for r in results])
+        epoch_metrics = reduce_step_metrics([r.metrics for r in results] + [schedule.metrics()])
         first = first or {**epoch_metrics, "grad_norm": float(grad_norm)}
     return {**first, "loss_last_epoch": epoch_metrics["loss"], "lr": lr}
 

@@ -34,7 +34,7 @@ from memorywalker.train.adapter import (
 from memorywalker.train.checkpoint import restore
 from memorywalker.train.config import ConfigError, TrainConfig
 from memorywalker.train.distributed import device_for
-from memorywalker.train.fsdp import gathered, save_step
+from memorywalker.train.fsdp import save_step
 from memorywalker.train.inputs import FitsModel, model_positions, read_records
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.manifest import record_rows
@@ -42,6 +42,7 @@ from memorywalker.train.model import load_model, load_tokenizer
 from memorywalker.train.recipe import begin, finish
 from memorywalker.train.refcache import weights_hash
 from memorywalker.train.rundir import check_resumed, input_hashes, owned_run_dir, record_config
+from memorywalker.train.sharded_step import StepSchedule
 from memorywalker.train.step import (
     TrainResult,
     check_divisible,
@@ -130,12 +131,12 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
         micro = [Batch.from_groups([[data[i]] for i in mb])  # one tree per trajectory
                  for mb in rank_micro_batches(ids, info, cfg.grad_accum)]
         dens = step_denominators(micro, engine)  # Σ over micro-batches and ranks, before dividing
-        with gathered(model):  # fsdp: parameters gathered once; the engine's passes issue no collectives
-            results = [run(engine_model(model), mb, engine, denominators=dens) for mb in micro]
+        with StepSchedule(model) as schedule:  # fsdp: the ranks agree on every pass (a layer gathered at a time)
+            results = [run(engine_model(model), mb, engine, denominators=dens, schedule=schedule) for mb in micro]
         lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
         grad_norm = optimizer_step(model, optimizer, lr=lr, grad_clip=cfg.grad_clip)
 
-        metrics = reduce_step_metrics([r.metrics for r in results])
+        metrics = reduce_step_metrics([r.metrics for r in results] + [schedule.metrics()])
         metrics.update(lr=lr, grad_norm=float(grad_norm), seconds=time.perf_counter() - t0,
                        epoch=(step + 1) * cfg.batch_size / len(data))
         logger.log(step, metrics)

@@ -178,10 +178,13 @@ class TrainConfig(RecipeConfig):
         return v
 
     @model_validator(mode="after")
-    def _adapter_and_sharding(self):
-        # Not built yet: sharding a PEFT-wrapped model (its decoder layers sit under peft's wrappers).
-        if self.parallel == "fsdp" and self.adapter.kind != "none":
-            raise ValueError("parallel=fsdp with adapter.kind=lora is not supported yet; use parallel=ddp")
+    def _sharding(self):
+        # A checkpointed radix forward recomputes the whole model inside the backward, where FSDP would
+        # gather every layer again outside the agreed passes; per-layer checkpointing recomputes inside
+        # each layer's own unit.
+        if self.parallel == "fsdp" and self.checkpoint_chunks:
+            raise ValueError("parallel=fsdp with checkpoint_chunks=true is not supported; use "
+                             "activation_checkpointing=true (each decoder layer recomputes inside its FSDP unit)")
         return self
 
 

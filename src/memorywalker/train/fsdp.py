@@ -5,30 +5,21 @@ sharded DCP checkpoints, a consolidated Hugging Face export.
     accelerate launch --config_file configs/accelerate_fsdp.yaml -m memorywalker.recipes.sft \
         --config configs/sft_tiny.toml parallel=fsdp
 
-**Equal collectives.** FSDP issues collectives from inside the model: an all-gather of a layer's
-parameters in its forward (and again in backward once resharded), a reduce-scatter of its gradients in
-backward. The engine's number of forwards and backwards per micro-batch depends on the trees a rank
-holds (``radix``: one forward per tree level; ``per-call``: one forward and backward per call;
-``sdcc``: one student per junction; RL rollouts: one forward per sampled token), so letting FSDP
-communicate per pass would pair up different collectives on different ranks: a hang, or silently
-mixed-up tensors. The recipes therefore run every step as a fixed sequence, whatever the data:
+**Per-layer sharding.** Each decoder layer is gathered for its forward and resharded after it, gathered
+again for its backward and its gradient reduce-scattered (summed) after it, FSDP2's defaults; the root
+unit (embedding, final norm, LM head) stays gathered from a step's first forward to the end of its
+backward. Those collectives come from inside the model, once per pass, and the engine's number of passes
+depends on the trees a rank holds, so the recipes run every step inside a
+:class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on each pass before it, and a rank
+with less to do runs empty ones. Between steps a rank holds its shard of the parameters, gradients and
+AdamW moments; during one, its shard plus the layer being computed (and the root unit) — at 2 ranks
+about half of what DDP holds.
 
-1. :func:`gathered` — every FSDP module all-gathers its parameters once (in module order); the engine
-   then runs all of this rank's micro-batches (any number of forwards and backwards) with resharding
-   and gradient sync off (``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``):
-   no collectives at all, gradients accumulate unsharded. Leaving the block reshards (local).
-2. :func:`sync_gradients` — one **zero-weight pass** (a one-token forward whose loss is 0·logits)
-   with gradient sync on: its backward reduce-scatters (sums) the accumulated gradients of every
-   parameter group, once, and reshards.
-3. ``clip_grad_norm_`` (one all-reduce of the norm) and AdamW on the local shards.
-
-So the collectives per optimizer step are: one all-gather per FSDP module, one pass of all-gathers and
-reduce-scatters, one norm all-reduce, plus the engine's denominator all-reduces (one per step): equal
-on every rank by construction, independent of method, trees and ``grad_accum``. The price: during the
-compute block the parameters (in ``mixed_precision`` dtype) and their gradients are whole on every rank
-(the DDP footprint of a bf16 model); what stays sharded across the step is the fp32 master weights,
-the reduced fp32 gradients and AdamW's moments. If a rank fails or diverges anyway, the collective
-timeout (``collective_timeout`` seconds, the process group's) turns the hang into an error naming it.
+Passes with no backward and a data-dependent count that would make per-pass agreement costly (sampling
+rollouts: one forward per token; the no-grad π_old pass) run inside :func:`gathered`: every layer
+gathered once, nothing communicates inside, resharded on exit. If a rank fails or diverges anyway, the
+collective timeout (``collective_timeout`` seconds, the process group's) turns the hang into an error
+naming it.
 
 **Checkpoints.** ``save_sharded`` writes the model and optimizer with torch.distributed.checkpoint
 (``dcp/``: one ``.distcp`` file per rank plus ``.metadata``, keyed by parameter name, so a checkpoint
@@ -54,6 +45,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from memorywalker.attention.masks import attention_implementation
+from memorywalker.train.adapter import engine_model, is_adapted
 from memorywalker.train.checkpoint import (
     DCP_DIR,
     save_checkpoint,
@@ -83,9 +75,10 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face model: instances of its ``_no_split_modules`` classes."""
+    """The transformer blocks of a Hugging Face model: instances of its ``_no_split_modules`` classes
+    (``fully_shard`` subclasses them: FSDPLlamaDecoderLayer is a LlamaDecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]  # sharded too
     if not layers:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard "
                          f"(_no_split_modules = {sorted(names)})")
@@ -106,15 +99,25 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
         if mixed_precision else MixedPrecisionPolicy()
     if activation_checkpointing:
         enable_activation_checkpointing(model)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    root = engine_model(model)  # under PEFT: the base model, which the engine calls
+    layers = decoder_layers(root)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)  # resharded after forward and after backward
+    fully_shard(root, mesh=mesh, mp_policy=policy)  # the root unit stays gathered through a step
+    # Backward prefetch named per layer, not FSDP's default (the forward order recorded since the last
+    # backward, which counts a gathered() block's no-grad passes: a different length on each rank). On a
+    # GPU the root prefetches the top layer and each layer the one below, so a gather overlaps the layer's
+    # compute; on the CPU collectives do not overlap and a prefetch would only hold two layers at once, so
+    # every unit names the root, gathered already through the backward (a no-op).
+    chain = device.type != "cpu"
+    root.set_modules_to_backward_prefetch([layers[-1]] if chain else [root])
+    for below, layer in zip([root, *layers[:-1]], layers, strict=True):
+        layer.set_modules_to_backward_prefetch([below] if chain else [root])
     for m in fsdp_modules(model):
         # Sum, not average: the engine already divides every loss by the step's global denominator.
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
         m.set_reduce_scatter_unused_params(True)
-        m.set_requires_gradient_sync(False, recurse=False)
     return model
 
 
@@ -143,45 +146,25 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
 @contextmanager
 def gathered(model: torch.nn.Module):
-    """Run a block (engine micro-batches, rollouts) on whole parameters with no collectives inside it.
-
-    Every FSDP module all-gathers once on entry; resharding after backward and gradient sync are off
-    inside, so any number of forwards and backwards issues nothing; the exit reshards locally. A
-    no-op for an unsharded model.
-    """
+    """Run a block of passes without backward (rollouts, π_old) on whole parameters, nothing
+    communicating inside it: every FSDP module all-gathers once on entry and stays gathered across the
+    block's forwards; the exit reshards (local). A no-op for an unsharded model."""
     mods = fsdp_modules(model)
-    for m in mods:
-        m.set_reshard_after_backward(False, recurse=False)
-        m.set_requires_gradient_sync(False, recurse=False)
+    layers = mods[1:]  # the root keeps FSDP's own rule (gathered until the backward)
+    for m in layers:
+        m.set_reshard_after_forward(False, recurse=False)
     for m in mods:
         m.unshard()
     try:
         yield model
     finally:
+        for m in layers:
+            m.set_reshard_after_forward(True, recurse=False)
         for m in mods:
             m.reshard()
 
 
-def sync_gradients(model: torch.nn.Module) -> None:
-    """Reduce-scatter (sum over ranks) the gradients accumulated in :func:`gathered` blocks: one
-    zero-weight pass — a one-token forward, loss 0·Σlogits — whose backward carries gradient sync."""
-    mods = fsdp_modules(model)
-    if not mods:
-        return
-    for m in mods:
-        m.set_reshard_after_backward(True, recurse=False)
-        m.set_requires_gradient_sync(True, recurse=False)
-    try:
-        device = _local_device(model)
-        with torch.enable_grad():
-            out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
-            (out.logits.float().sum() * 0.0).backward()  # adds exact zeros to every accumulated gradient
-    finally:
-        for m in mods:
-            m.set_requires_gradient_sync(False, recurse=False)
-
-
-def _local_device(model) -> torch.device:
+def local_device(model) -> torch.device:
     p = next(model.parameters())
     return p.to_local().device if hasattr(p, "to_local") else p.device
 
@@ -254,22 +237,32 @@ def save_sharded(run_dir: str | Path, step: int, model, optimizer, state: dict[s
 
 def export_final(run_dir: str | Path, model, tokenizer, provenance: dict[str, Any] | None = None) -> Path:
     """``run_dir/final`` from a sharded model: the full weights gathered once (collective), written by
-    rank 0 with ``save_pretrained`` from an unsharded copy of the architecture."""
-    from transformers import AutoModelForCausalLM  # lazy: transformers (~3 s) only for a sharded export
-
+    rank 0 with ``save_pretrained`` from an unsharded copy of the architecture (under PEFT: of the
+    adapted model, so what is written is the adapter, as without sharding)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     final = Path(run_dir) / "final"
     if dist.get_rank() == 0:
-        with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(model.config)
-        plain.load_state_dict(full, assign=True, strict=False)
-        plain.tie_weights()
-        missing = [k for k, p in plain.state_dict().items() if p.is_meta]
-        if missing:
-            raise RuntimeError(f"export: the gathered state dict lacks {missing}")
-        save_final(run_dir, plain, tokenizer, provenance)
+        save_final(run_dir, _unsharded_copy(model, full), tokenizer, provenance)
     dist.barrier()
     return final
+
+
+def _unsharded_copy(model, full: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """``model``'s architecture (and adapter) built on the meta device, holding ``full``'s tensors."""
+    from transformers import AutoModelForCausalLM  # lazy: transformers (~3 s) only for a sharded export
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(engine_model(model).config)
+    if is_adapted(model):
+        from peft import get_peft_model  # lazy: peft loads transformers; only LoRA runs need it
+
+        plain = get_peft_model(plain, model.peft_config[model.active_adapter])
+    plain.load_state_dict(full, assign=True, strict=False)
+    engine_model(plain).tie_weights()
+    missing = [k for k, p in plain.state_dict().items() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"export: the gathered state dict lacks {missing}")
+    return plain
 
 
 # --- what the recipes call ------------------------------------------------------------------------------

@@ -17,14 +17,15 @@ import torch
 
 from memorywalker.train.adapter import apply_adapter, trainable_parameters
 from memorywalker.train.distributed import DistInfo, allreduce_gradients, gather_objects
-from memorywalker.train.fsdp import full_norm, is_sharded, parallelize, sync_gradients
+from memorywalker.train.fsdp import full_norm, is_sharded, parallelize
 
 T = TypeVar("T")
 
 # Engine metrics that add up over micro-batches and ranks.
 SUMMED = ("loss", "forwards", "backwards", "tokens", "processed_tokens", "buffers", "targets", "lost_targets",
           "students", "unmatched_calls", "trained_targets", "compared_targets", "compared_calls",
-          "rollout_corr/targets", "rollout_corr/sequences")
+          "rollout_corr/targets", "rollout_corr/sequences",
+          "empty_forwards", "empty_backwards")  # fsdp: the passes ranks ran to match another's (train/sharded_step.py)
 # Means and the count each is over: a step's value is the count-weighted mean of its micro-batches'.
 WEIGHTED = {"logprob_abs_diff": "compared_targets", "k3_kl": "compared_targets", "chi2_token": "compared_targets",
             "log_ppl_abs_diff": "compared_calls", "eps_kl_mean": "students", "mean_ratio": "trained_targets",
@@ -86,11 +87,10 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, 
                    grad_clip: float | None) -> torch.Tensor:
     """Sum gradients over ranks, clip their global norm, step, zero. Returns the pre-clip norm.
 
-    A sharded model (``parallel="fsdp"``) reduce-scatters its gradients in one zero-weight pass
-    (:func:`memorywalker.train.fsdp.sync_gradients`); a replicated one all-reduces them once."""
-    if is_sharded(model):
-        sync_gradients(model)
-    else:
+    A sharded model (``parallel="fsdp"``) has its gradients summed already: each backward of the step
+    reduce-scattered them into the sharded ``.grad`` (:mod:`memorywalker.train.sharded_step`); a
+    replicated one all-reduces them here, once."""
+    if not is_sharded(model):
         allreduce_gradients(model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:

@@ -1,0 +1,160 @@
+"""``parallel = "fsdp"`` with ranks whose trees differ (one holds a tree of 2 calls, the other one of 40):
+the step schedule (train/sharded_step.py) gathers one decoder layer at a time, the ranks agree on every
+pass, nobody hangs, and SFT (radix, per-call), LoRA and DPO steps equal their single-process runs.
+
+One ``mp.spawn`` of 2 gloo processes runs every case (starting processes costs more than the runs); the
+single-process references run here, on the whole global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from memorywalker.engine import EngineConfig, run, step_denominators
+from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group, synthetic_trajectory
+from memorywalker.layout.batch import Batch
+from memorywalker.recipes import dpo, sft
+from memorywalker.records.io import write_trajectories
+from memorywalker.render import Renderer
+from memorywalker.train.fsdp import decoder_layers, fsdp_modules, shard_model
+from memorywalker.train.sharded_step import StepSchedule
+from test_fsdp import _free_port
+
+SMALL, BIG = 2, 40  # calls in the two trees
+STEP = dict(steps=2, batch_size=2, lr=0.1, adam_eps=1.0, collective_timeout=120)
+LORA = {"kind": "lora", "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def uneven() -> list:
+    """A tree of 2 calls and one of 40 (a compaction every 4 calls): a batch of 2 puts one on each rank."""
+    return [synthetic_trajectory(SyntheticSpec(turns=SMALL, evictions=1, words=6, seed=0), "small"),
+            synthetic_trajectory(SyntheticSpec(turns=BIG, evictions=BIG // 4, words=6, seed=1), "big")]
+
+
+def dpo_inputs(root: Path) -> tuple[Path, Path]:
+    """Two pairs, each a GRPO group's two rollouts: one group of 2-call episodes, one of 12-call ones."""
+    groups = [synthetic_group(SyntheticSpec(turns=n, evictions=n // 4 or 1, words=5, seed=n), f"task{n}", 2)
+              for n in (SMALL, 12)]
+    data, pairs = root / "dpo-data.jsonl", root / "dpo-pairs.jsonl"
+    write_trajectories(data, [t for g in groups for t in g])
+    pairs.write_text("".join(json.dumps({"chosen": g[0].id, "rejected": g[1].id}) + "\n" for g in groups))
+    return data, pairs
+
+
+def cases(kit, root: Path) -> dict[str, tuple]:
+    """name -> (recipe, config kwargs): each run twice, on 2 fsdp ranks and on one process."""
+    data, pairs = dpo_inputs(root)
+    base = dict(model=str(kit[1]), tokenizer=str(kit[0]))
+    return {
+        "sft-radix": (sft, {**base, **STEP, "method": "radix"}),
+        "sft-per-call": (sft, {**base, **STEP, "method": "per-call"}),
+        "sft-lora-radix": (sft, {**base, **STEP, "method": "radix", "adapter": LORA}),
+        "dpo-radix": (dpo, {**base, **STEP, "method": "radix", "beta": 0.5, "data": str(data), "pairs": str(pairs)}),
+    }
+
+
+def train(recipe, run_dir: Path, kw: dict):
+    if recipe is sft:
+        return sft.train(sft.SFTConfig(run_dir=str(run_dir), **kw), trajectories=uneven(), progress=False)
+    return dpo.train(dpo.DPOConfig(run_dir=str(run_dir), **kw), progress=False)
+
+
+def probe(kit, rank: int) -> dict:
+    """One radix step by hand on this rank's tree; records how many decoder layers are gathered whenever
+    one runs its forward, and the schedule's passes."""
+    tok = AutoTokenizer.from_pretrained(kit[0])
+    model = shard_model(AutoModelForCausalLM.from_pretrained(kit[1]))
+    layers = decoder_layers(model)
+    gathered = []
+
+    def count(*_):
+        gathered.append(sum(g.is_unsharded for m in layers for g in m._get_fsdp_state()._fsdp_param_groups))
+
+    for m in layers:
+        m.register_forward_pre_hook(count)
+    traj = uneven()[rank]
+    batch = Batch.from_groups([[Renderer(tok).render(traj)]])
+    cfg = EngineConfig(method="radix", max_tokens=64)  # several forwards per tree level on the big tree
+    dens = step_denominators([batch], cfg)
+    with StepSchedule(model) as schedule:
+        out = run(model, batch, cfg, denominators=dens, schedule=schedule)
+    after = sum(g.is_unsharded for m in fsdp_modules(model) for g in m._get_fsdp_state()._fsdp_param_groups)
+    return {"gathered": gathered, "after": after, "counts": {k: schedule.counts[k] for k in (
+        "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"]}
+
+
+def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        for name, (recipe, kw) in cases(kit, Path(root)).items():
+            train(recipe, Path(root) / f"fsdp-{name}", {**kw, "parallel": "fsdp"})
+        torch.save(probe(kit, rank), Path(root) / f"probe{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def uneven_runs(kit, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fsdp-uneven")
+    dpo_inputs(root)
+    mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
+    return root
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    final = run_dir / "final"
+    name = "adapter_model.safetensors" if (final / "adapter_model.safetensors").exists() else "model.safetensors"
+    return load_file(str(final / name))
+
+
+@pytest.mark.parametrize("name", ["sft-radix", "sft-per-call", "sft-lora-radix", "dpo-radix"])
+def test_uneven_ranks_equal_the_single_process_run(kit, tmp_path, uneven_runs, name):
+    """Every step's loss and gradient norm on 2 fsdp ranks (one tree of 2 calls, one of 40; DPO: a pair
+    of 2-call and a pair of 12-call episodes) equal one process on both trees to 1e-5, and the final
+    weights (LoRA: the adapter's) agree to 1e-5 of the largest. The rank with the small tree ran empty
+    passes to match the other's (``empty_forwards`` > 0): the trees really were uneven."""
+    recipe, kw = cases(kit, uneven_runs)[name]
+    torch.set_num_threads(1)
+    one = train(recipe, tmp_path / name, kw)
+    got = metrics(uneven_runs / f"fsdp-{name}")
+    assert len(got) == len(one.metrics) == 2
+    for a, b in zip(got, one.metrics, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7), (name, a["step"])
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), (name, a["step"])
+        assert a["empty_forwards"] > 0, name
+    wa, wb = final_weights(uneven_runs / f"fsdp-{name}"), final_weights(tmp_path / name)
+    assert set(wa) == set(wb) and wa
+    if name.startswith("sft-lora"):
+        assert all(".lora_" in k for k in wa)  # the adapter, not a merged model
+    biggest = max(v.abs().max().item() for v in wb.values())
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5 * biggest, name
+
+
+def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
+    """Whenever a decoder layer starts its forward, it is the only one gathered (FSDP2 resharded the one
+    before); after the step none is. Rank 0 (2 calls) ran as many forwards with grad and backwards as
+    rank 1 (40 calls), the difference in empty ones: its real forwards + empty forwards = rank 1's."""
+    p0, p1 = torch.load(uneven_runs / "probe0.pt"), torch.load(uneven_runs / "probe1.pt")
+    for p in (p0, p1):
+        assert p["gathered"] and set(p["gathered"]) == {1}, p["gathered"]
+        assert p["after"] == 0
+    c0, c1 = p0["counts"], p1["counts"]
+    assert p1["forwards"] > p0["forwards"]  # the 40-call tree needs more radix forwards
+    assert c0["grad_forwards"] + c0["empty_forwards"] == c1["grad_forwards"] + c1["empty_forwards"]
+    assert c0["empty_forwards"] == p1["forwards"] - p0["forwards"] and c1["empty_forwards"] == 0
+    assert c0["backwards"] + c0["empty_backwards"] == c1["backwards"] + c1["empty_backwards"] == 1

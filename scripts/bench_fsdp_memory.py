@@ -1,11 +1,21 @@
 """Peak CPU memory per rank of the SFT recipe with parallel=ddp vs parallel=fsdp (2 gloo ranks).
 
-    OMP_NUM_THREADS=1 python scripts/bench_fsdp_memory.py [--model DIR] [--steps 2] [--batch-size 4]
+    OMP_NUM_THREADS=1 python scripts/bench_fsdp_memory.py [--model DIR | --hidden 1024 --layers 8
+        --intermediate 2048] [--steps 2] [--batch-size 4] [--method radix] [--calls 2,8,14,20]
+        [--activation-checkpointing]
 
-Each rank trains ``--steps`` SFT steps on synthetic episodes (3 calls, 1 eviction, radix) and samples
-its heap in use (glibc mallinfo2, every ms; memorywalker.bench.memory) from before the model
-loads to the end of the run: ``peak`` is the largest increase. ``state`` is what the rank holds at the
-end of the last step: parameters + AdamW moments, as local tensor bytes (shards under fsdp).
+Each rank trains ``--steps`` SFT steps on synthetic episodes whose trees differ in size (episode i has
+``calls[i mod len(calls)]`` calls, one eviction per 3 calls), so the ranks run different numbers of
+forwards and backwards, and samples its heap in use (glibc mallinfo2, every ms; memorywalker.bench.memory) from
+before the model loads: ``train peak`` is the largest increase up to the end of the last optimizer step,
+``run peak`` up to the end of the run (the final export included). ``held`` is what the rank holds at
+the end of the last step: parameters + AdamW moments, as local tensor bytes (shards under fsdp).
+``--hidden`` builds a random model of the kit architecture at that size (nothing downloaded).
+
+The weights are copied into the heap as they load (both runs): from_pretrained leaves them in a
+memory map of the safetensors file, which the heap probe does not see, so a DDP rank's whole parameter
+set would be missing from its number while a FSDP rank's shards (copies) count. On a GPU they would be
+device memory either way.
 """
 
 from __future__ import annotations
@@ -38,53 +48,86 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
     held = {}
     real_step = step_mod.optimizer_step
 
-    def measured_step(model, optimizer, **kw):  # what the rank holds right after the update
+    def measured_step(model, optimizer, **kw):  # what the rank holds right after the update, the peak so far
         norm = real_step(model, optimizer, **kw)
         params = list(model.parameters())
         held["state_bytes"] = sum(_local_bytes(p) for p in params) + sum(
             _local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
+        held["train_peak_mib"] = (max(peak.peak, peak.probe()) - peak.base) / 2**20
         return norm
 
     sft.optimizer_step = measured_step
-    data = [synthetic_trajectory(SyntheticSpec(turns=3, evictions=1, words=24, seed=i), f"ep-{i}")
-            for i in range(args.batch_size)]
+    real_load = sft.load_model
+
+    def load_into_heap(*a, **kw):  # the weights out of the file's memory map (see the docstring)
+        model, tok = real_load(*a, **kw)
+        for t in [*model.parameters(), *model.buffers()]:
+            t.data = t.data.clone()
+        return model, tok
+
+    sft.load_model = load_into_heap
+    calls = [args.calls[i % len(args.calls)] for i in range(args.batch_size)]
+    data = [synthetic_trajectory(SyntheticSpec(turns=n, evictions=n // 3, words=24, seed=i), f"ep-{i}")
+            for i, n in enumerate(calls)]
     with PeakMemory(torch.device("cpu")) as peak:
-        sft.train(sft.SFTConfig(model=args.model, tokenizer=args.tokenizer, run_dir=f"{out}/{parallel}", steps=args.steps,
-                                batch_size=args.batch_size, parallel=parallel, save_every=10**6), trajectories=data,
-                  progress=False)
+        result = sft.train(sft.SFTConfig(model=args.model, tokenizer=args.tokenizer, run_dir=f"{out}/{parallel}",
+                                         steps=args.steps, batch_size=args.batch_size, parallel=parallel,
+                                         method=args.method, activation_checkpointing=args.activation_checkpointing,
+                                         save_every=10**6), trajectories=data, progress=False)
     Path(f"{out}/{parallel}-rank{rank}.json").write_text(json.dumps(
-        {"peak_mib": peak.peak_mib, "state_mib": held["state_bytes"] / 2**20, "kind": peak.kind}))
+        {"peak_mib": peak.peak_mib, "train_peak_mib": held["train_peak_mib"], "state_mib": held["state_bytes"] / 2**20,
+         "kind": peak.kind, "losses": [m["loss"] for m in result.metrics]}))
     torch.distributed.destroy_process_group()
 
 
 def main() -> None:
-    from memorywalker.modelkit import default_kit
+    from transformers import AutoModelForCausalLM
+
+    from memorywalker.modelkit import build_model, default_kit
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="local HF model dir (default: the kit model)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--method", default="radix")
+    ap.add_argument("--hidden", type=int, help="build a random kit-architecture model of this width")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, help="MLP width (default 2 x hidden)")
+    ap.add_argument("--calls", type=lambda v: [int(x) for x in v.split(",")], default=[2, 8, 14, 20],
+                    help="calls per episode, cycled over the batch (default 2,8,14,20)")
+    ap.add_argument("--activation-checkpointing", action="store_true", help="under both ddp and fsdp")
     args = ap.parse_args()
     tok, model = default_kit()
     args.model, args.tokenizer = args.model or str(model), str(tok)
     from transformers import AutoConfig
 
-    n = AutoConfig.from_pretrained(args.model)
     with tempfile.TemporaryDirectory() as out:
+        if args.hidden:
+            args.model = str(build_model(f"{out}/model", tok, hidden_size=args.hidden, num_layers=args.layers,
+                                         intermediate_size=args.intermediate))
+        n = AutoConfig.from_pretrained(args.model)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(n).parameters())
         for parallel in ("ddp", "fsdp"):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             mp.spawn(_worker, args=(2, port, args, parallel, out), nprocs=2, join=True)
-        print(f"model {args.model} (hidden {n.hidden_size}, {n.num_hidden_layers} layers), 2 gloo ranks, "
-              f"{args.steps} SFT steps, batch {args.batch_size}")
-        print("| parallel | rank | peak heap MiB | params + AdamW moments held after the step, MiB |")
-        print("|---|---|---|---|")
-        for parallel in ("ddp", "fsdp"):
-            for rank in range(2):
-                r = json.loads(Path(f"{out}/{parallel}-rank{rank}.json").read_text())
-                print(f"| {parallel} | {rank} | {r['peak_mib']:.1f} | {r['state_mib']:.2f} |")
-        print(f"memory: {r['kind']}")
+        runs = {(par, rank): json.loads(Path(f"{out}/{par}-rank{rank}.json").read_text())
+                for par in ("ddp", "fsdp") for rank in range(2)}
+    print(f"model: hidden {n.hidden_size}, {n.num_hidden_layers} layers, intermediate {n.intermediate_size}, "
+          f"vocab {n.vocab_size}, {params / 1e6:.1f}M parameters; 2 gloo ranks, {args.steps} SFT steps "
+          f"({args.method}{', activation checkpointing' if args.activation_checkpointing else ''}), batch "
+          f"{args.batch_size}, trees of {args.calls} calls")
+    print("| parallel | rank | train peak MiB | run peak MiB (export incl.) | params + AdamW moments held, MiB | losses |")
+    print("|---|---|---|---|---|---|")
+    for (par, rank), r in runs.items():
+        print(f"| {par} | {rank} | {r['train_peak_mib']:.1f} | {r['peak_mib']:.1f} | {r['state_mib']:.2f} | "
+              f"{', '.join(f'{x:.6f}' for x in r['losses'])} |")
+    for key in ("train_peak_mib", "peak_mib"):
+        worst = max(runs["fsdp", r][key] for r in range(2)) / max(runs["ddp", r][key] for r in range(2))
+        print(f"fsdp / ddp, {key.replace('_mib', '').replace('_', ' ')} (worst rank each): {worst:.2f}")
+    print(f"memory: {runs['ddp', 0]['kind']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``parallel = "fsdp"`` with ranks whose trees differ (one holds a tree of 2 calls, the other one of 40):
 the step schedule (train/sharded_step.py) gathers one decoder layer at a time, the ranks agree on every
-pass, nobody hangs, and SFT (radix, per-call), LoRA and DPO steps equal their single-process runs.
+pass, nobody hangs, and SFT (radix, per-call; untied and tied LM head), LoRA and DPO steps equal their
+single-process runs.
 
 One ``mp.spawn`` of 2 gloo processes runs every case (starting processes costs more than the runs); the
 single-process references run here, on the whole global batch.
@@ -45,9 +46,23 @@ def dpo_inputs(root: Path) -> tuple[Path, Path]:
     groups = [synthetic_group(SyntheticSpec(turns=n, evictions=n // 4 or 1, words=5, seed=n), f"task{n}", 2)
               for n in (SMALL, 12)]
     data, pairs = root / "dpo-data.jsonl", root / "dpo-pairs.jsonl"
+    if pairs.exists():  # written once, by the fixture, before the ranks start
+        return data, pairs
     write_trajectories(data, [t for g in groups for t in g])
     pairs.write_text("".join(json.dumps({"chosen": g[0].id, "rejected": g[1].id}) + "\n" for g in groups))
     return data, pairs
+
+
+def tied_model(kit, root: Path) -> Path:
+    """The kit model with its LM head tied to the embedding (one parameter in the root unit)."""
+    out = root / "tied-model"
+    if not (out / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(kit[1])
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        model.save_pretrained(out)
+    return out
 
 
 def cases(kit, root: Path) -> dict[str, tuple]:
@@ -56,6 +71,7 @@ def cases(kit, root: Path) -> dict[str, tuple]:
     base = dict(model=str(kit[1]), tokenizer=str(kit[0]))
     return {
         "sft-radix": (sft, {**base, **STEP, "method": "radix"}),
+        "sft-tied-radix": (sft, {**base, **STEP, "method": "radix", "model": str(tied_model(kit, root))}),
         "sft-per-call": (sft, {**base, **STEP, "method": "per-call"}),
         "sft-lora-radix": (sft, {**base, **STEP, "method": "radix", "adapter": LORA}),
         "dpo-radix": (dpo, {**base, **STEP, "method": "radix", "beta": 0.5, "data": str(data), "pairs": str(pairs)}),
@@ -107,7 +123,7 @@ def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
 @pytest.fixture(scope="module")
 def uneven_runs(kit, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp-uneven")
-    dpo_inputs(root)
+    cases(kit, root)  # the inputs both runs read, written once
     mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
     return root
 
@@ -122,10 +138,11 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(final / name))
 
 
-@pytest.mark.parametrize("name", ["sft-radix", "sft-per-call", "sft-lora-radix", "dpo-radix"])
+@pytest.mark.parametrize("name", ["sft-radix", "sft-tied-radix", "sft-per-call", "sft-lora-radix", "dpo-radix"])
 def test_uneven_ranks_equal_the_single_process_run(kit, tmp_path, uneven_runs, name):
     """Every step's loss and gradient norm on 2 fsdp ranks (one tree of 2 calls, one of 40; DPO: a pair
-    of 2-call and a pair of 12-call episodes) equal one process on both trees to 1e-5, and the final
+    of 2-call and a pair of 12-call episodes; untied and tied LM head) equal one process on both trees
+    to 1e-5, and the final
     weights (LoRA: the adapter's) agree to 1e-5 of the largest. The rank with the small tree ran empty
     passes to match the other's (``empty_forwards`` > 0): the trees really were uneven."""
     recipe, kw = cases(kit, uneven_runs)[name]

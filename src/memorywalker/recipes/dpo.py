@@ -274,7 +274,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
 
     # --- final model, adapter manifest, training manifest ------------------------------------------------
     used = {t for p in admitted for t in (p.chosen.id, p.rejected.id)}
-    finish(cfg, info, model, tokenizer, recipe="dpo", steps=cfg.steps, base_hash=base_hash,
+    finish(cfg, info, model, tokenizer, optimizer=optimizer, recipe="dpo", steps=cfg.steps, base_hash=base_hash,
            inputs=[p for p in (cfg.data, cfg.pairs) if p], records=record_rows([t for t in trajectories if t.id in used]),
            target_rule={"scored": cfg.scored, "truncated": cfg.truncated, "selected": "selected calls' responses"},
            extra={"pairs": [{"chosen": p.chosen.id, "rejected": p.rejected.id, "branch_call": p.branch_call,

@@ -230,7 +230,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    finish(cfg, info, model, tokenizer, recipe="rl", steps=cfg.steps, base_hash=base_hash,
+    finish(cfg, info, model, tokenizer, optimizer=optimizer, recipe="rl", steps=cfg.steps, base_hash=base_hash,
            records=[{"id": r["id"], "split": cfg.split, "parent": None} for r in collected],
            target_rule={"truncated": cfg.truncated, "selected": "act calls' responses"},
            extra={"tasks": cfg.tasks, "harness": cfg.harness} if cfg.tasks else

@@ -155,7 +155,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     logger.close()
 
     # --- final model ------------------------------------------------------------------------------------
-    finish(cfg, info, model, tokenizer, recipe="sft", steps=done, base_hash=base_hash,
+    finish(cfg, info, model, tokenizer, optimizer=optimizer, recipe="sft", steps=done, base_hash=base_hash,
            inputs=[cfg.data] if cfg.data else [], records=record_rows(trajectories),
            target_rule={"truncated": cfg.truncated, "selected": "selected calls' responses"})
     return TrainResult(run_dir=run_dir, final_dir=run_dir / "final", steps=done, metrics=history)

@@ -70,19 +70,29 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 @torch.no_grad()
-def allreduce_gradients(model: torch.nn.Module) -> None:
-    """Sum gradients across ranks in one flat buffer per dtype/device (DDP-equivalent, once per step)."""
+def allreduce_gradients(model: torch.nn.Module, bucket_mib: float = 25.0) -> None:
+    """Sum gradients across ranks once per step, in flat buckets of at most ``bucket_mib`` MiB per
+    dtype/device (DDP's ``bucket_cap_mb`` default): one all-reduce per bucket, and no more than one
+    bucket's copy of the gradients alive at a time (a single flat buffer would double them)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:  # a parameter unused on this rank still takes part in the sum
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    buckets: dict[tuple, list[torch.Tensor]] = {}
-    for g in grads:
-        buckets.setdefault((g.dtype, g.device), []).append(g)
-    for bucket in buckets.values():
+    cap = int(bucket_mib * 2**20)
+    open_: dict[tuple, tuple[list[torch.Tensor], int]] = {}  # dtype/device -> (bucket being filled, bytes)
+    buckets: list[list[torch.Tensor]] = []
+    for g in (p.grad for p in params):
+        key, size = (g.dtype, g.device), g.numel() * g.element_size()
+        bucket, used = open_.get(key, ([], 0))
+        if bucket and used + size > cap:
+            bucket, used = [], 0
+        if not bucket:
+            buckets.append(bucket)
+        open_[key] = (bucket, used + size)
+        bucket.append(g)
+    for bucket in buckets:
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0

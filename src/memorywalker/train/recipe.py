@@ -27,11 +27,15 @@ def begin(cfg) -> tuple[DistInfo, Path]:
 
 
 def finish(cfg, info: DistInfo, model, tokenizer, *, recipe: str, steps: int, base_hash: str,
-           inputs: list[str] | None = None, **manifest: Any) -> Path:
+           inputs: list[str] | None = None, optimizer=None, **manifest: Any) -> Path:
     """Save ``run_dir/final`` and its manifests (``manifest``: the rest of
     :func:`~memorywalker.train.manifest.write_training_manifest`'s keywords); returns the final dir.
-    ``inputs``: the data files the run read (named by both manifests)."""
+    ``inputs``: the data files the run read (named by both manifests). ``optimizer``: its state is
+    dropped first (the last checkpoint holds it), so a sharded run's export gathers the full weights
+    beside the shards only, not beside the AdamW moments as well."""
     run_dir = Path(cfg.run_dir)
+    if optimizer is not None:
+        optimizer.state.clear()
     save_model(run_dir, model, tokenizer, {"recipe": recipe, "steps": steps}, info)  # fsdp: consolidated
     if info.is_main:
         if is_adapted(model):

@@ -26,7 +26,7 @@ from memorywalker.layout.batch import Batch
 from memorywalker.recipes import dpo, sft
 from memorywalker.records.io import write_trajectories
 from memorywalker.render import Renderer
-from memorywalker.train.fsdp import decoder_layers, fsdp_modules, shard_model
+from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, shard_model
 from memorywalker.train.sharded_step import StepSchedule
 from test_fsdp import _free_port
 
@@ -175,3 +175,25 @@ def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
     assert c0["grad_forwards"] + c0["empty_forwards"] == c1["grad_forwards"] + c1["empty_forwards"]
     assert c0["empty_forwards"] == p1["forwards"] - p0["forwards"] and c1["empty_forwards"] == 0
     assert c0["backwards"] + c0["empty_backwards"] == c1["backwards"] + c1["empty_backwards"] == 1
+
+
+def test_activation_checkpointing_recomputes_in_eval_mode_without_dropout(kit):
+    """rl and dpo keep the model in eval mode (no dropout), where transformers would skip checkpointing:
+    with ``activation_checkpointing`` each decoder layer still recomputes in backward — layer 0's
+    attention runs twice for one forward + backward, once for a no-grad forward — its attention stays
+    in eval mode, and the gradients equal the plain model's."""
+    plain = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
+    ckpt = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
+    enable_activation_checkpointing(ckpt)
+    calls = []
+    attn = decoder_layers(ckpt)[0].self_attn
+    attn.register_forward_hook(lambda m, a, o: calls.append(m.training))
+    ids = torch.arange(3, 40)[None]
+    for model in (plain, ckpt):
+        model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+    assert calls == [False, False]  # the forward and its recomputation, both without dropout
+    with torch.no_grad():
+        ckpt(input_ids=ids)
+    assert len(calls) == 3
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)

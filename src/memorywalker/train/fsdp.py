@@ -123,7 +123,7 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Each decoder layer keeps only its inputs and recomputes its activations in backward
-    (non-reentrant ``torch.utils.checkpoint`` through the model's own hook).
+    (non-reentrant ``torch.utils.checkpoint`` through the model's own hook), in eval mode too.
 
     The recomputation replays the attention implementation the forward ran under: the radix schedule
     switches ``config._attn_implementation`` to its prefix kernel only while it runs its forwards, and
@@ -139,6 +139,17 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers before the rename
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # Transformers checkpoints a layer only while the layer is in training mode, and rl/dpo (and the HF
+    # sampler) keep the model in eval mode so that no dropout fires. Before every forward of the model,
+    # each decoder layer alone (not its submodules: attention and MLP stay in eval, no dropout) is put
+    # in training mode while grad is on, so the flag means the same in every recipe.
+    layers = decoder_layers(model)
+
+    def with_grad_checkpointing(module, args):
+        for layer in layers:
+            layer.training = torch.is_grad_enabled()
+
+    engine_model(model).register_forward_pre_hook(with_grad_checkpointing)
 
 
 # --- the fixed collective schedule ---------------------------------------------------------------------

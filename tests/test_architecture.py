@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "memorywalker"
 # below rollout, which drives them, and the gateway, which serves them: they import records and render.
 # The gateway sits below the recipes: the RL recipe runs real harness sessions through it.
 TIERS = [
-    {"fileio", "data"},
+    {"fileio", "data", "errors"},
     {"records", "modelkit"},
     {"render"},
     {"samplers"},

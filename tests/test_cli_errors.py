@@ -240,3 +240,61 @@ def test_the_old_option_names_still_work_with_a_line_naming_the_new_ones(tmp_pat
     old = runner.invoke(app, [*base, "--compressor", "opencode", "-o", str(tmp_path / "policy.jsonl")])
     assert old.exit_code == 0 and "--policy is now --sampler" in old.stderr, old.output
     assert (tmp_path / "policy.jsonl").read_bytes() == (tmp_path / "new.jsonl").read_bytes()
+
+
+# --- a bug is not bad input ---------------------------------------------------------------------------
+
+class _Broken:
+    """A reader whose internal check fails: what a bug looks like from the command's side."""
+
+    def __init__(self, *args, **kwargs):
+        raise ValueError("segment 3 ends before it starts")
+
+
+def test_a_bug_says_so_in_one_line_exit_1_and_debug_shows_the_traceback(tmp_path, monkeypatch):
+    """Old code: every ValueError was bad input (exit 2), an internal check's included, with no hint that
+    it may be a bug. Now a plain ValueError from inside the command is one line with its type, "a bug?"
+    and how to get the traceback, exit 1; ``--debug`` raises it. The same file with the reader intact
+    fails as bad input (an InputError: exit 2, no "a bug")."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    line = last_line_error(runner.invoke(app, ["validate", str(bad)]), "validate")
+    assert "no valid trajectory" in line and "a bug" not in line
+    monkeypatch.setattr("memorywalker.cli.records_cmd.TrajectoryReader", _Broken)
+    res = runner.invoke(app, ["validate", str(bad)])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert lines[0] == ("memorywalker validate: error: ValueError: segment 3 ends before it starts "
+                        "(a bug? rerun with --debug for the traceback)")
+    res = runner.invoke(app, ["--debug", "validate", str(bad)])
+    assert isinstance(res.exception, ValueError) and str(res.exception) == "segment 3 ends before it starts"
+
+
+def test_what_counts_as_bad_input():
+    """Exit 2 for what the user can fix — judged input (InputError and its kinds: ConfigError,
+    RecordError, RenderError, ...), a pydantic validation error, a file that does not parse, an OSError;
+    exit 1 with "a bug?" for everything else, a plain ValueError included."""
+    import pydantic
+
+    from memorywalker.cli.errors import INPUT_ERROR, INTERNAL_ERROR, report
+    from memorywalker.errors import InputError
+    from memorywalker.recipes.rl_config import RLConfig
+    from memorywalker.records.validate import RecordError
+    from memorywalker.render.types import RenderError
+    from memorywalker.train.config import ConfigError, load_config
+
+    with pytest.raises(pydantic.ValidationError) as invalid:
+        pydantic.TypeAdapter(int).validate_python("three")
+    with pytest.raises(json.JSONDecodeError) as not_json:
+        json.loads("{oops")
+    bad_input = [InputError("x"), ConfigError("x"), RecordError("bad_json", "x"), RenderError("x"), invalid.value,
+                 not_json.value, FileNotFoundError(2, "No such file or directory", "f.jsonl"),
+                 UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")]
+    bugs = [ValueError("x"), KeyError("x"), TypeError("x"), IndexError("x"), ZeroDivisionError("x")]
+    for e in bad_input:
+        assert report("p", e) == INPUT_ERROR, repr(e)
+    for e in bugs:
+        assert report("p", e) == INTERNAL_ERROR, repr(e)
+    with pytest.raises(ConfigError) as info:  # a config value is judged where it is read
+        load_config(RLConfig, None, ["steps"])
+    assert report("p", info.value) == INPUT_ERROR

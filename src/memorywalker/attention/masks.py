@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from memorywalker.errors import InputError
+
 # FlexAttention's sparse block size. Buffers are padded to a multiple of it: with torch 2.13 the
 # compiled CPU kernel returned wrong outputs for a length of 40 (correct at 128 and 256).
 FLEX_BLOCK = 128
@@ -128,7 +130,7 @@ def get_backend(name: str) -> Backend:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown attention backend {name!r}; valid: {sorted(BACKENDS)}") from None
+        raise InputError(f"unknown attention backend {name!r}; valid: {sorted(BACKENDS)}") from None
 
 
 def backend_of(model) -> Backend:
@@ -137,7 +139,7 @@ def backend_of(model) -> Backend:
     for b in BACKENDS.values():
         if b.hf_implementation == impl:
             return b
-    raise ValueError(f"model attention implementation {impl!r} takes no custom 4D mask here; "
+    raise InputError(f"model attention implementation {impl!r} takes no custom 4D mask here; "
                      f"use one of {[b.hf_implementation for b in BACKENDS.values()]}")
 
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memorywalker.errors import InputError
+
 IMPLEMENTATION = "memorywalker_prefix"
 
 
@@ -132,7 +134,7 @@ def kernel_for(device: torch.device) -> Kernel:
     try:
         return KERNELS[device.type]
     except KeyError:
-        raise ValueError(f"the radix schedule has no attention kernel for {device.type!r}; "
+        raise InputError(f"the radix schedule has no attention kernel for {device.type!r}; "
                          f"supported: {sorted(KERNELS)}") from None
 
 
@@ -207,10 +209,10 @@ def prefix_attention(module, query, key, value, attention_mask, scaling=None, dr
     if attention_mask is not None:
         raise ValueError("the radix schedule builds no mask; got one from the model")
     if getattr(module, "sliding_window", None) or kwargs.get("softcap") is not None:
-        raise ValueError("the radix schedule supports full causal attention without soft-capping; "
+        raise InputError("the radix schedule supports full causal attention without soft-capping; "
                          f"{type(module).__name__} uses a sliding window or soft-capping")
     if dropout:
-        raise ValueError("attention dropout is not supported by the radix schedule (set attention_dropout=0)")
+        raise InputError("attention dropout is not supported by the radix schedule (set attention_dropout=0)")
     layer = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     outs: list[torch.Tensor | None] = [None] * len(ctx.segments)

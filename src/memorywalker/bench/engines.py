@@ -27,6 +27,7 @@ from memorywalker.bench.shapes import OVERRIDES, random_model
 from memorywalker.engine import EngineConfig, get_method, needs_full_view, run
 from memorywalker.engine.head import OutputHead, capture_hidden, target_logprobs
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_group, synthetic_trajectory
+from memorywalker.errors import InputError
 from memorywalker.layout import Batch
 from memorywalker.modelkit import default_kit
 from memorywalker.modelkit.pretrained import model_path
@@ -84,7 +85,7 @@ def load_bench_model(*, model_dir: Path | None, shape: str | None, arch: str, ov
     fields = {OVERRIDES[k]: v for k, v in overrides.items() if v is not None}
     if model_dir is not None:
         if shape or fields:
-            raise ValueError("--model takes the model as it is: no --shape or shape flags with it")
+            raise InputError("--model takes the model as it is: no --shape or shape flags with it")
         model_dir = model_path(str(model_dir))  # a packaged model's name (smollm2-135m) is its converted dir
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), model_dir
     tok_dir, kit_model = default_kit(arch=arch)
@@ -115,7 +116,7 @@ def run_bench(*, turns: int, evictions: int, words: int, retries: int, trajector
     if data is not None:
         trajs = [_first_calls(t, max_calls) for t in TrajectoryReader(data, vocab_size=len(tok))]
         if not trajs:
-            raise ValueError(f"{data}: no valid trajectory")
+            raise InputError(f"{data}: no valid trajectory")
         groups = [[renderer.render(t, full_view=full_view)] for t in trajs]
     else:
         groups = []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from memorywalker.errors import InputError
 from memorywalker.modelkit import default_kit
 
 # Shipped shapes (bench/shapes/NAME.json, HF config.json fields), plus the kit's.
@@ -42,7 +43,7 @@ def shape_config(name: str, *, kit_model_dir=None, **fields):
     from transformers import AutoConfig  # lazy: transformers only to build a shape (SHAPES stays light)
 
     if name not in SHAPES:
-        raise ValueError(f"unknown shape {name!r}; valid: {list(SHAPES)}")
+        raise InputError(f"unknown shape {name!r}; valid: {list(SHAPES)}")
     if name == "kit":
         if kit_model_dir is None:
             kit_model_dir = default_kit()[1]
@@ -63,7 +64,7 @@ def random_model(name: str, tokenizer, *, dtype=None, seed: int = 0, kit_model_d
 
     config = shape_config(name, kit_model_dir=kit_model_dir, **fields)
     if config.vocab_size < len(tokenizer):
-        raise ValueError(f"vocab_size {config.vocab_size} < the tokenizer's {len(tokenizer)} entries")
+        raise InputError(f"vocab_size {config.vocab_size} < the tokenizer's {len(tokenizer)} entries")
     config.eos_token_id, config.pad_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

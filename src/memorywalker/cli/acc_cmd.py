@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.errors import InputError
+
 
 def register(app: typer.Typer) -> None:
     app.command("compile-acc")(compile_acc_cmd)
@@ -38,4 +40,4 @@ def compile_acc_cmd(
                            progress=progress)
     typer.echo(json.dumps(summary))
     if not summary["written"]:
-        raise ValueError(f"{src}: no record compiled ({summary['rejected']})")
+        raise InputError(f"{src}: no record compiled ({summary['rejected']})")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.errors import InputError
+
 
 def register(app: typer.Typer) -> None:
     app.command("augment")(augment_cmd)
@@ -43,4 +45,4 @@ def augment_cmd(
                            progress=progress)
     typer.echo(json.dumps(summary))
     if not summary["written"]:
-        raise ValueError(f"{src}: no record could be augmented ({summary['reasons'][:1]})")
+        raise InputError(f"{src}: no record could be augmented ({summary['reasons'][:1]})")

@@ -4,29 +4,41 @@
     memorywalker sft: error: missing.jsonl: No such file or directory
     $ memorywalker --debug sft ...          # the same failure with its traceback
 
-Bad input (a missing or unreadable file, a config error, a record error, a refused resume, a usage
-error) exits 2. Anything else is a bug: it is also one line, with its exception type, and exits 1.
+Bad input exits 2: an :class:`~memorywalker.errors.InputError` (raised where a config value, a record,
+a request or a file is judged: ConfigError, RecordError and the rest are InputErrors), a pydantic
+validation error, a file that does not parse (TOML, JSON, UTF-8), an OSError (a missing or unreadable
+file, a full disk, an engine or server that cannot be reached) and a usage error. Anything else — a
+plain ``ValueError`` from an internal check, a ``KeyError``, a ``TypeError`` — is a bug: it is also one
+line, with its exception type and "a bug? rerun with --debug for the traceback", and exits 1.
 ``--debug`` (anywhere on the command line) or ``MEMORYWALKER_DEBUG=1`` re-raises with the traceback.
+
+    $ memorywalker validate data.jsonl        # a bug in an internal check
+    memorywalker validate: error: ValueError: ... (a bug? rerun with --debug for the traceback)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
+import pydantic
 import typer
 from typer.core import TyperGroup
 
-from memorywalker.records.validate import RecordError
+from memorywalker.errors import InputError
 
 INPUT_ERROR = 2
 INTERNAL_ERROR = 1
 
 
+# What the user can fix: judged input, and files that do not parse as what they claim to be (TOML's
+# error is matched by name: tomllib on Python 3.11+, tomli before).
+INPUT_ERRORS = (OSError, InputError, pydantic.ValidationError, json.JSONDecodeError, UnicodeDecodeError)
+
+
 def _input_error(e: BaseException) -> bool:
-    if isinstance(e, OSError | ValueError | RecordError):  # ConfigError is a ValueError
-        return True
-    return type(e).__name__ in ("TOMLDecodeError",)
+    return isinstance(e, INPUT_ERRORS) or type(e).__name__ == "TOMLDecodeError"
 
 
 def one_line(e: BaseException) -> str:

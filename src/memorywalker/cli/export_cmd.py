@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader
 
 
@@ -38,7 +39,7 @@ def export(
         calls.extend(examples(traj, format))
         trajs.append(trajectory_record(traj))
     if not trajs:
-        raise ValueError(f"{data}: no trajectory to export ({reader.summary})")
+        raise InputError(f"{data}: no trajectory to export ({reader.summary})")
     output.mkdir(parents=True, exist_ok=True)
     if format == "parquet":
         write_parquet(output / "calls.parquet", calls)

@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.errors import InputError
 from memorywalker.fileio import atomic_write
 from memorywalker.importers import IMPORTERS, ImportOptions, run_import
 from memorywalker.importers.billed import check_counts
@@ -59,7 +60,7 @@ def import_logs(
     reasons = ", ".join(f"{k}={v}" for k, v in {**c["rejects_by_reason"], **c["dropped_by_reason"]}.items())
     inputs = " ".join(str(p) for p in paths)
     if not result.trajectories:  # nothing to write: fail (no empty output file)
-        raise ValueError(f"{inputs}: no {format} trajectory imported (read {c['read']} records, rejected "
+        raise InputError(f"{inputs}: no {format} trajectory imported (read {c['read']} records, rejected "
                          f"{c['rejected']}{'; ' + reasons if reasons else ''}); reasons in {rejects_path}")
     write_trajectories(output, result.trajectories)  # atomically: a reader never sees half of it
 
@@ -101,6 +102,6 @@ def import_logs(
                 typer.echo(f"{r.source}:{r.line} {r.reason}: {r.message}\n  carried: {r.detail}")
     typer.echo(f"wrote {c['trajectories']} trajectories to {output}; {len(result.rejects)} rejects to {rejects_path}")
     if strict and (c["rejected"] or c["dropped_by_reason"]):
-        raise ValueError(f"{inputs}: --strict and {c['rejected']} records rejected"
+        raise InputError(f"{inputs}: --strict and {c['rejected']} records rejected"
                          f"{', ' + str(sum(c['dropped_by_reason'].values())) + ' files/trajectories dropped' if c['dropped_by_reason'] else ''}"
                          f" ({reasons}); reasons in {rejects_path}")

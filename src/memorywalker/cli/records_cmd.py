@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.errors import InputError
 from memorywalker.records import REASONS, TrajectoryReader, json_schema
 from memorywalker.render import Renderer
 
@@ -62,9 +63,9 @@ def validate(
             console.print(f"  {r.source}:{r.line} [red]{r.code}[/red] {r.message}")
     names = " ".join(str(f) for f in files)
     if reader.summary.accepted == 0:
-        raise ValueError(f"{names}: no valid trajectory ({reader.summary})")
+        raise InputError(f"{names}: no valid trajectory ({reader.summary})")
     if strict and reader.summary.rejected:
-        raise ValueError(f"{names}: --strict and {reader.summary.rejected} of {reader.summary.read} lines rejected "
+        raise InputError(f"{names}: --strict and {reader.summary.rejected} of {reader.summary.read} lines rejected "
                          f"({reader.summary})")
 
 
@@ -103,7 +104,7 @@ def inspect(
         per.append(st)
         total.add(st)
     if reader.summary.accepted == 0:  # an empty or binary file: nothing to inspect
-        raise ValueError(f"{file}: no valid trajectory ({reader.summary})")
+        raise InputError(f"{file}: no valid trajectory ({reader.summary})")
     occ = occupancy([s.unique_tokens for s in per], max_length)
 
     if as_json:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader
 from memorywalker.render import Renderer
 
@@ -48,7 +49,7 @@ def view(
         typer.echo(f"{traj.id}: {written[-1]}")
     missing = wanted - found
     if missing:
-        raise ValueError(f"{data}: trajectory id(s) not found: {', '.join(sorted(missing))}")
+        raise InputError(f"{data}: trajectory id(s) not found: {', '.join(sorted(missing))}")
     if not written:
-        raise ValueError(f"{data}: no trajectory to view ({reader.summary})")
+        raise InputError(f"{data}: no trajectory to view ({reader.summary})")
     typer.echo(f"wrote {len(written)} page(s) to {output}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from memorywalker.errors import InputError
 from memorywalker.objectives.losses import forward_kl
 
 # Rows per chunk: enough that one fp32 [rows, V] chunk is about this many bytes.
@@ -79,7 +80,7 @@ class OutputHead:
         inner = _unwrap(model)
         module = inner.get_output_embeddings()
         if module is None:
-            raise ValueError(f"{type(inner).__name__} has no output embeddings: not a causal LM")
+            raise InputError(f"{type(inner).__name__} has no output embeddings: not a causal LM")
         config = inner.config
         text = getattr(config, "get_text_config", lambda: config)()
         scale = float(getattr(inner, "logit_scale", None) or 1.0)  # Cohere: z · logit_scale
@@ -145,7 +146,7 @@ def check_head_logits(head: OutputHead, hidden: torch.Tensor, native_logits: tor
         tol = 1e-4 if native_logits.dtype == torch.float32 else 5e-2
         err = float((ours - native).abs().max() / native.abs().max().clamp(min=1.0))
     if err > tol:
-        raise ValueError(f"the logits of {type(head.module).__name__} head differ from the model's own by "
+        raise InputError(f"the logits of {type(head.module).__name__} head differ from the model's own by "
                          f"{err:.2e} (relative): the model transforms its logits in a way memorywalker does not "
                          "reproduce (supported: final_logit_softcapping, logit_scale, logits_scaling)")
     _VERIFIED[head.module] = True
@@ -183,7 +184,7 @@ class _LabelLogprob(torch.autograd.Function):
 
 def _check_temperature(temperature: float) -> None:
     if temperature <= 0:
-        raise ValueError(f"temperature={temperature}: must be > 0 (greedy rollouts record untempered logprobs: 1)")
+        raise InputError(f"temperature={temperature}: must be > 0 (greedy rollouts record untempered logprobs: 1)")
 
 
 def _chunks(n: int, rows: int) -> Iterator[slice]:

@@ -33,6 +33,7 @@ from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.engine.head import OutputHead, chunked_forward_kl
 from memorywalker.engine.methods import get_method
 from memorywalker.engine.objective import Columns, Objective, apply_rollout_correction, get_objective
+from memorywalker.errors import InputError
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.layouts import Layout
 from memorywalker.objectives.normalize import aggregate, normalize, reduce_denominator
@@ -113,7 +114,7 @@ def layout_for(batch: Batch, cfg: EngineConfig) -> Layout:
 
 def _check_backend(backend: Backend | None, model) -> None:
     if backend is not None and backend.name == "flex" and torch.is_grad_enabled() and model_device(model).type != "cuda":
-        raise ValueError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
+        raise InputError("FlexAttention has no backward on CPU: train with attention='sdpa' or 'eager' here, "
                          "or run flex under torch.no_grad()")
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memorywalker.errors import InputError
 from memorywalker.layout.layouts import (
     Layout,
     dfs_layout,
@@ -91,7 +92,7 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; valid: {list(METHODS)}") from None
+        raise InputError(f"unknown method {name!r}; valid: {list(METHODS)}") from None
 
 
 def method_names(*, reference: bool = True) -> list[str]:
@@ -100,13 +101,13 @@ def method_names(*, reference: bool = True) -> list[str]:
 
 
 def parse_methods(text: str, *, reference: bool = True) -> tuple[str, ...]:
-    """Comma-separated method names (a CLI option) in their order, without repeats; ``ValueError`` naming
+    """Comma-separated method names (a CLI option) in their order, without repeats; ``InputError`` naming
     the unknown ones. ``reference=False`` refuses the per-call reference."""
     valid = method_names(reference=reference)
     chosen = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     unknown = [m for m in chosen if m not in valid]
     if not chosen or unknown:
-        raise ValueError(f"unknown methods {unknown}; valid: {valid}")
+        raise InputError(f"unknown methods {unknown}; valid: {valid}")
     return chosen
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from memorywalker.engine.config import EngineConfig
+from memorywalker.errors import InputError
 from memorywalker.layout.batch import Batch
 from memorywalker.objectives.losses import (
     behaviour_logprob,
@@ -46,10 +47,10 @@ def apply_rollout_correction(cols: Columns, batch: Batch, cfg: EngineConfig, *, 
     if cfg.rollout_is is None and cfg.rollout_rs is None:
         return {}, {}
     if cfg.tis_cap is not None and cfg.rollout_is is not None:
-        raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+        raise InputError("tis_cap and rollout_is are both truncated importance sampling: set one")
     if cols.old_logprob is None:
         if required:
-            raise ValueError("rollout_is / rollout_rs need old logprobs (batch.old_logprob or old_logprobs=): "
+            raise InputError("rollout_is / rollout_rs need old logprobs (batch.old_logprob or old_logprobs=): "
                              "the trainer's logprobs of the collecting policy (the RL recipe recomputes them "
                              "once per step)")
         return {}, {}
@@ -86,7 +87,7 @@ def _batch_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
 
 def _grpo_advantage(batch: Batch, cfg: EngineConfig) -> np.ndarray:
     if np.isnan(batch.reward).any():
-        raise ValueError("grpo needs a reward on every trajectory (Trajectory.reward)")
+        raise InputError("grpo needs a reward on every trajectory (Trajectory.reward)")
     adv = grpo_advantages(torch.from_numpy(batch.reward), torch.from_numpy(batch.group),
                           scale_by_std=cfg.grpo_scale_by_std)
     return adv.numpy()[batch.targets.trajectory]
@@ -115,7 +116,7 @@ def _lookup(table: dict, name: str, what: str):
     try:
         return table[name]
     except KeyError:
-        raise ValueError(f"unknown {what} {name!r}; valid: {sorted(table)}") from None
+        raise InputError(f"unknown {what} {name!r}; valid: {sorted(table)}") from None
 
 
 def get_objective(name: str) -> Objective:

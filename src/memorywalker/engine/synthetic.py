@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from memorywalker.errors import InputError
 from memorywalker.modelkit import bundled_corpus
 from memorywalker.records import ToolSchema, Trajectory, TrajectoryBuilder
 
@@ -43,7 +44,7 @@ def synthetic_trajectory(spec: SyntheticSpec, trajectory_id: str, *, prompt: tup
     """One episode following ``spec``; ``prompt`` = (system, task) and ``first_words`` (a prefix of the
     first response) let rollouts of one GRPO group share a prefix beyond the prompt."""
     if spec.evictions >= spec.turns:
-        raise ValueError(f"evictions ({spec.evictions}) must be < turns ({spec.turns}): one per call > 0")
+        raise InputError(f"evictions ({spec.evictions}) must be < turns ({spec.turns}): one per call > 0")
     rng = random.Random(f"{spec.seed}/{trajectory_id}")
     vocab = _vocab()
     b = TrajectoryBuilder(trajectory_id, tools=[ToolSchema(name="search", description="Search the web.")])

@@ -21,6 +21,7 @@ import numpy as np
 from rich.table import Table
 from tqdm import tqdm
 
+from memorywalker.errors import InputError
 from memorywalker.metrics.closed_loop import failed_trial_row, per_task_acceptance, summarize, trial_row
 from memorywalker.metrics.stats import bonferroni, paired_bootstrap, paired_differences, z_of
 from memorywalker.records import write_trajectories
@@ -78,7 +79,7 @@ def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) ->
     (``adapter_manifest.json`` inside: its base is loaded from the manifest and checked by hash)."""
     if spec == "expert":
         if tokenizer is None:
-            raise ValueError("--model/--baseline expert needs --tokenizer DIR (or a model to take it from)")
+            raise InputError("--model/--baseline expert needs --tokenizer DIR (or a model to take it from)")
         return Candidate(label, make_env(cfg).expert(), tokenizer, {"policy": "expert", **_tokenizer_pins(tokenizer)})
     import torch  # lazy: only to load a model (cli eval imports this before its checks)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as torch
@@ -111,11 +112,11 @@ def load_candidate(spec: str, label: str, cfg: EvalConfig, *, tokenizer=None) ->
 def make_env(cfg: EvalConfig):
     """The environment ``cfg`` names (``world_size`` applies to the web-search world only)."""
     if cfg.env not in ENVIRONMENTS:
-        raise ValueError(f"unknown env {cfg.env!r}; valid: {', '.join(ENVIRONMENTS)}")
+        raise InputError(f"unknown env {cfg.env!r}; valid: {', '.join(ENVIRONMENTS)}")
     if cfg.env == "websearch":
         return WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
     if cfg.world_size:
-        raise ValueError(f"world_size applies to env websearch only, not {cfg.env}")
+        raise InputError(f"world_size applies to env websearch only, not {cfg.env}")
     return ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
 
 

@@ -27,6 +27,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Message, Trajectory
 from memorywalker.render.toolcalls import call_arguments
 from memorywalker.render.types import message_to_hf, tools_to_hf
@@ -134,7 +135,7 @@ def examples(traj: Trajectory, format: str) -> Iterator[dict[str, Any]]:
         return openai_examples(traj)
     if format == "parquet":
         return parquet_rows(traj)
-    raise ValueError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    raise InputError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
 
 
 def write_parquet(path, rows: Iterable[dict[str, Any]]) -> int:

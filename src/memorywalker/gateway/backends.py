@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 from memorywalker.render.render import Renderer
 from memorywalker.render.types import message_to_hf, schemas_to_hf
@@ -94,22 +95,22 @@ class Scripted:
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not YAML/JSON: {' '.join(str(e).split())}") from None
+            raise InputError(f"{path}: not YAML/JSON: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict) or not isinstance(data.get("steps", []), list):
-            raise ValueError(f"{path}: a script is a mapping with a 'steps' list (and optional 'rules')")
+            raise InputError(f"{path}: a script is a mapping with a 'steps' list (and optional 'rules')")
         steps, rules = data.get("steps") or [], data.get("rules") or []
         for where, entry in [*((f"steps[{i}]", s) for i, s in enumerate(steps)),
                              *((f"rules[{i}]", r) for i, r in enumerate(rules))]:
             if not isinstance(entry, dict) or not ({"text", "tool_calls"} & entry.keys()):
-                raise ValueError(f"{path}: {where} needs 'text' and/or 'tool_calls'")
+                raise InputError(f"{path}: {where} needs 'text' and/or 'tool_calls'")
             for j, tc in enumerate(entry.get("tool_calls") or []):
                 if not isinstance(tc, dict) or not isinstance(tc.get("name"), str) \
                         or not isinstance(tc.get("arguments", {}), dict):
-                    raise ValueError(f"{path}: {where}.tool_calls[{j}] needs a 'name' and an 'arguments' mapping")
+                    raise InputError(f"{path}: {where}.tool_calls[{j}] needs a 'name' and an 'arguments' mapping")
         for i, r in enumerate(rules):
             unknown = set(r.get("match") or {}) - {"last_user", "system", "any"}
             if not r.get("match") or unknown:
-                raise ValueError(f"{path}: rules[{i}].match needs last_user, system or any (got {sorted(unknown)})")
+                raise InputError(f"{path}: rules[{i}].match needs last_user, system or any (got {sorted(unknown)})")
         return cls(steps, rules)
 
     def entry_for(self, messages: list[Message], played: int, tools: bool = True) -> tuple[dict[str, Any], bool]:
@@ -160,7 +161,7 @@ class ScriptedBackend:
         full = tok.apply_chat_template([message_to_hf(m) for m in [*call.messages, message]],
                                        tools=schemas_to_hf(call.tools), tokenize=False, add_generation_prompt=False)
         if not full.startswith(call.prompt_text):
-            raise ValueError("the chat template does not render the scripted response as a suffix of the prompt")
+            raise InputError("the chat template does not render the scripted response as a suffix of the prompt")
         ids = tok(full[len(call.prompt_text):], add_special_tokens=False)["input_ids"]
         end = next((i for i, t in enumerate(ids) if t in self.renderer.eot_ids), len(ids) - 1)
         return ids[: end + 1]
@@ -197,7 +198,7 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
         if kind == "hf":
             return SamplerBackend("hf", policy, concurrent=False)
         if not arg:
-            raise ValueError(f"scripted needs a script file: scripted:FILE ({SPECS})")
+            raise InputError(f"scripted needs a script file: scripted:FILE ({SPECS})")
         return ScriptedBackend(Scripted.load(arg), renderer, policy)
     if kind == "vllm" and not arg:
         policy = VLLMPolicy(model_dir, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype, stop_ids=stop,
@@ -207,4 +208,4 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
         policy = OpenAIPolicy(arg, model=upstream_model or model_dir or "default", temperature=temperature, stop_ids=stop,
                               max_new_tokens=max_new_tokens, retries=0)
         return SamplerBackend(f"openai:{arg}", policy, concurrent=True)
-    raise ValueError(f"unknown backend {spec!r}; valid: {SPECS}")
+    raise InputError(f"unknown backend {spec!r}; valid: {SPECS}")

@@ -21,12 +21,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
 
 Finish = Literal["stop", "tool_calls", "length"]
 
 
-class BadRequest(ValueError):
+class BadRequest(InputError):
     """A request the gateway cannot serve; ``status`` is the HTTP status its dialect answers with."""
 
     def __init__(self, message: str, status: int = 400):

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memorywalker.errors import InputError
+
 PINNED = {"claude-code": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0",
           "opencode": "opencode-ai@1.18.33"}
 BINARIES = {"claude-code": "claude", "codex": "codex", "opencode": "opencode"}
@@ -138,7 +140,7 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
                      {"MEMORYWALKER_PROMPT": prompt, "MEMORYWALKER_BASE_URL": url, "MEMORYWALKER_MODEL": model,
                       "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key, "ANTHROPIC_BASE_URL": url,
                       "ANTHROPIC_API_KEY": key})
-    raise ValueError(f"unknown harness {harness!r}; valid: {sorted(PINNED)} or cmd:COMMAND")
+    raise InputError(f"unknown harness {harness!r}; valid: {sorted(PINNED)} or cmd:COMMAND")
 
 
 def settings_text(url: str, model: str, key: str) -> str:

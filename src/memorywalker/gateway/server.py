@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from memorywalker.errors import InputError
 from memorywalker.gateway.app import create_app
 from memorywalker.gateway.core import Gateway
 
@@ -26,7 +27,7 @@ def free_port() -> int:
 def check_bind(host: str, api_key: str | None) -> None:
     """Only loopback without a key: anyone who reaches the port can spend the model and read nothing else."""
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        raise ValueError(f"--host {host} exposes the gateway beyond this machine: give --api-key too")
+        raise InputError(f"--host {host} exposes the gateway beyond this machine: give --api-key too")
 
 
 class _Server(uvicorn.Server):

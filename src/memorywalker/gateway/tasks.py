@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from memorywalker.errors import InputError
+
 KEYS = {"id", "prompt", "files", "verifier", "deadline", "meta"}
 
 
@@ -51,7 +53,7 @@ class Rejected:
     reason: str
 
 
-class TaskError(ValueError):
+class TaskError(InputError):
     """One task line that cannot be used, and why."""
 
 
@@ -105,7 +107,7 @@ def parse_task(data: Any, line: int, root: Path) -> HarnessTask:
 def read_tasks(path: str | os.PathLike) -> tuple[list[HarnessTask], list[Rejected]]:
     """The tasks of a task file and the lines set aside (line number, reason). Blank lines are skipped.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` when no line is a usable task."""
+    Raises ``FileNotFoundError`` for a missing file and ``InputError`` when no line is a usable task."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     tasks: list[HarnessTask] = []
@@ -131,7 +133,7 @@ def read_tasks(path: str | os.PathLike) -> tuple[list[HarnessTask], list[Rejecte
         tasks.append(task)
     if not tasks:
         why = "; ".join(f"line {r.line}: {r.reason}" for r in rejected[:3]) or "it is empty"
-        raise ValueError(f"{path}: no usable task ({why})")
+        raise InputError(f"{path}: no usable task ({why})")
     return tasks, rejected
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from memorywalker.errors import InputError
 from memorywalker.importers import (
     claude_code,
     cline,
@@ -49,7 +50,7 @@ def get_importer(name: str) -> Importer:
     try:
         return IMPORTERS[name]
     except KeyError:
-        raise ValueError(f"unknown import format {name!r}; valid formats: {', '.join(sorted(IMPORTERS))}") from None
+        raise InputError(f"unknown import format {name!r}; valid formats: {', '.join(sorted(IMPORTERS))}") from None
 
 
 def run_import(name: str, paths: list[Path], options: ImportOptions | None = None) -> ImportResult:

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.importers import billed
 from memorywalker.importers.anthropic_history import HISTORY, HistoryTable, blocks, import_tasks, read_history
 from memorywalker.importers.base import (
@@ -91,7 +92,7 @@ def _updates(raw: Any, path: Path, result: ImportResult) -> dict[int, dict[int, 
             # parsed whole before any of it is applied: a bad block or change rejects the item
             parsed = {int(block): list(changes) for block, changes in inner}
             if not all(isinstance(c, list) and len(c) >= 3 for v in parsed.values() for c in v):
-                raise ValueError("a change is not [ts, type, [text], meta]")
+                raise InputError("a change is not [ts, type, [text], meta]")
             index = int(index)
         except (TypeError, ValueError) as e:
             result.reject(path, k, "bad_format", f"context_history item #{k} is not [messageIndex, [editType, "

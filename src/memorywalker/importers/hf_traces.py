@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.importers import claude_code, codex, pi
 from memorywalker.importers.base import ImportOptions, ImportResult, loads_deep_limited
 from memorywalker.importers.claude_code.records import NOT_SENT as CLAUDE_NOT_SENT
@@ -130,14 +131,14 @@ def _rows(path: Path) -> Iterable[dict]:
         try:
             import pyarrow.parquet as pq  # lazy: optional dependency (the parquet extra)
         except ImportError as e:  # an optional dependency: the `parquet` extra
-            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'memorywalker[parquet]')") from e
+            raise InputError(f"{path}: reading Parquet needs pyarrow (pip install 'memorywalker[parquet]')") from e
         import pyarrow as pa  # lazy: optional dependency, present once pq imported
 
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
                 yield from batch.to_pylist()
         except pa.ArrowException as e:
-            raise ValueError(f"not a readable Parquet file ({e})") from e
+            raise InputError(f"not a readable Parquet file ({e})") from e
         return
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:

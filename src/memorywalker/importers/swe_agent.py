@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.importers.base import (
     ContentTable,
     ImportOptions,
@@ -153,7 +154,7 @@ def last_n_observations(history: list[dict], n: int, polling: int = 1,
     ['obs 0\\nline', 'Old environment output: (2 lines omitted)', 'Old environment output: (2 lines omitted)', 'obs 3\\nline']
     """
     if n <= 0:
-        raise ValueError("last_n_observations: n must be a positive integer")
+        raise InputError("last_n_observations: n must be a positive integer")
     obs = [i for i, m in enumerate(history)
            if (m.get("message_type") == "observation" if "message_type" in m else m.get("role") == "user")
            and not m.get("is_demo")]
@@ -178,7 +179,7 @@ def apply_processors(history: list[dict], processors: list[dict]) -> list[dict]:
                                           frozenset(p.get("always_remove_output_for_tags", {"remove_output"})),
                                           frozenset(p.get("always_keep_output_for_tags", {"keep_output"})))
             continue
-        raise ValueError(f"history processor {p['type']!r} is not known")
+        raise InputError(f"history processor {p['type']!r} is not known")
     return history
 
 

@@ -46,6 +46,7 @@ from memorywalker.engine import (
     loss,
     step_denominators,
 )
+from memorywalker.errors import InputError
 from memorywalker.recipes.dpo import DPOConfig, pair_loss, pair_sums
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
@@ -66,7 +67,7 @@ def records_dataset(data: str | Path | Sequence[Trajectory], tokenizer, *, rejec
     reader = TrajectoryReader(data, **kwargs) if isinstance(data, str | Path) else TrajectoryReader.of(list(data), **kwargs)
     rows = [json.dumps(t.to_json_dict()) for t in reader]
     if not rows:
-        raise ValueError(f"{data}: no valid trajectory ({reader.summary})")
+        raise InputError(f"{data}: no valid trajectory ({reader.summary})")
     return Dataset.from_dict({RECORD: rows})
 
 
@@ -167,7 +168,7 @@ def _trainer_class():
             self.last_output: LossOutput | None = None
             self._denominators: Denominators | None = None
             if not hasattr(self, "loss_is_scaled_for_ga") and self.args.gradient_accumulation_steps > 1:
-                raise ValueError("gradient accumulation with ExactSFTTrainer needs a transformers Trainer "
+                raise InputError("gradient accumulation with ExactSFTTrainer needs a transformers Trainer "
                                  "with loss_is_scaled_for_ga (transformers >= 5)")
             self.loss_is_scaled_for_ga = True  # the engine divides by the whole step's denominator
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Trajectory
 from memorywalker.render.types import ROLE_ID, RenderedCall, RenderedTrajectory
 from memorywalker.tree.tree import CallRow, ConditioningTree, Targets
@@ -42,13 +43,13 @@ class TokenCall:
     def rendered(self, index: int) -> RenderedCall:
         ids = [int(t) for t in self.token_ids]
         if not 0 < self.response_start <= len(ids):
-            raise ValueError(f"call {index}: response_start {self.response_start} outside 1..{len(ids)}")
+            raise InputError(f"call {index}: response_start {self.response_start} outside 1..{len(ids)}")
         targets = list(range(self.response_start, len(ids))) if self.targets is None else [int(t) for t in self.targets]
         if any(not 0 < t < len(ids) for t in targets):
-            raise ValueError(f"call {index}: a target position is outside 1..{len(ids) - 1} (position 0 has no context)")
+            raise InputError(f"call {index}: a target position is outside 1..{len(ids) - 1} (position 0 has no context)")
         lps = [None] * len(targets) if self.rollout_logprobs is None else [float(x) for x in self.rollout_logprobs]
         if len(lps) != len(targets):
-            raise ValueError(f"call {index}: {len(lps)} rollout logprobs for {len(targets)} targets")
+            raise InputError(f"call {index}: {len(lps)} rollout logprobs for {len(targets)} targets")
         roles = [ROLE_ID["context"]] * self.response_start + [ROLE_ID["assistant"]] * (len(ids) - self.response_start)
         return RenderedCall(index, f"call-{index}", ids, roles, self.response_start, targets, lps, bool(targets),
                             None if targets else "no_targets", span_method="recorded")

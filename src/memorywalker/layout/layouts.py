@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memorywalker.errors import InputError
 from memorywalker.layout.batch import Batch
 from memorywalker.layout.buffers import Buffer, Piece, one_per_buffer, pack
 from memorywalker.render.fullview import FullView, find_run
@@ -206,7 +207,7 @@ def sdcc_layout(batch: Batch, max_tokens: int, students: str = "junctions", comp
     keep the full view.
     """
     if students not in ("junctions", "all"):
-        raise ValueError(f"unknown students {students!r}; valid: ['all', 'junctions']")
+        raise InputError(f"unknown students {students!r}; valid: ['all', 'junctions']")
     pos = batch.targets.position
     by_call = _rows_by_call(batch)
     views = full_views(batch)

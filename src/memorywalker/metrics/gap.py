@@ -30,6 +30,7 @@ from tqdm import tqdm
 from memorywalker.engine import EngineConfig, get_method, needs_full_view
 from memorywalker.engine.forward import forward_layout, model_device
 from memorywalker.engine.head import OutputHead, chunked_total_variation
+from memorywalker.errors import InputError
 from memorywalker.layout.batch import Batch
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.records.schema import Trajectory
@@ -186,7 +187,7 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     "logprob": {method: [...]}}``, None where a value is absent (a lost target, no recorded logprob).
     """
     if against not in AGAINST:
-        raise ValueError(f"against={against!r}; valid: {list(AGAINST)}")
+        raise InputError(f"against={against!r}; valid: {list(AGAINST)}")
     model.eval()
     head = OutputHead.of(model)
     full_view = needs_full_view(methods)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from memorywalker.engine.methods import NAIVE, get_method, method_names
+from memorywalker.errors import InputError
 from memorywalker.metrics.gap import fmt_metric as _fmt
 from memorywalker.metrics.stats import paired_bootstrap
 
@@ -350,5 +351,5 @@ def readme_table(readme: str, name: str) -> str:
     """The table the README quotes between its ``demo-table:NAME`` markers (``full`` or ``quick``)."""
     begin, end = README_BEGIN.format(name=name), README_END.format(name=name)
     if begin not in readme or end not in readme:
-        raise ValueError(f"README has no {begin} ... {end} block")
+        raise InputError(f"README has no {begin} ... {end} block")
     return readme.split(begin, 1)[1].split(end, 1)[0].strip()

@@ -11,6 +11,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from memorywalker.errors import InputError
+
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
@@ -64,7 +66,7 @@ def paired_differences(a: dict[str, float], b: dict[str, float]) -> list[float]:
     """
     missing = sorted(set(a) ^ set(b))
     if missing:
-        raise ValueError(f"paired comparison needs the same tasks on both sides; unpaired: {missing[:3]}")
+        raise InputError(f"paired comparison needs the same tasks on both sides; unpaired: {missing[:3]}")
     return [a[t] - b[t] for t in sorted(a)]
 
 
@@ -84,7 +86,7 @@ def paired_bootstrap(diffs: Sequence[float], *, alpha: float = 0.05, resamples: 
     """
     x = np.asarray(diffs, dtype=np.float64)  # [T]
     if x.size == 0:
-        raise ValueError("paired bootstrap needs at least one task")
+        raise InputError("paired bootstrap needs at least one task")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, x.size, size=(resamples, x.size))  # [R, T] task indices drawn with replacement
     means = x[idx].mean(axis=1)  # [R]

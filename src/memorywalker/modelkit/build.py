@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
+from memorywalker.errors import InputError
 from memorywalker.modelkit.templates import SCAFFOLD_TOKENS, SPECIAL_TOKENS, TEMPLATES
 
 ARCHS = ("llama", "qwen2")
@@ -44,7 +45,7 @@ def build_tokenizer(
     from transformers import PreTrainedTokenizerFast  # lazy: kit build only
 
     if template not in TEMPLATES:
-        raise ValueError(f"unknown template {template!r}; valid: {sorted(TEMPLATES)}")
+        raise InputError(f"unknown template {template!r}; valid: {sorted(TEMPLATES)}")
     texts = list(corpus) if corpus is not None else bundled_corpus()
     tok = Tokenizer(models.BPE())
     # trim_offsets=False keeps character offsets exact, which span labelling relies on.
@@ -104,7 +105,7 @@ def build_model(
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     if vocab_size is not None and vocab_size < len(tok):
-        raise ValueError(f"vocab_size {vocab_size} < the tokenizer's {len(tok)} entries")
+        raise InputError(f"vocab_size {vocab_size} < the tokenizer's {len(tok)} entries")
     common = dict(
         vocab_size=vocab_size or len(tok),
         hidden_size=hidden_size,
@@ -124,7 +125,7 @@ def build_model(
     elif arch == "qwen2":
         config, cls = Qwen2Config(**common), Qwen2ForCausalLM
     else:
-        raise ValueError(f"unknown arch {arch!r}; valid: {list(ARCHS)}")
+        raise InputError(f"unknown arch {arch!r}; valid: {list(ARCHS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)

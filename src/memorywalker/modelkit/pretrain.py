@@ -50,6 +50,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from memorywalker.errors import InputError
+
 COPY_LEN = 32  # tokens of x in each "x x" row
 LM_LEN = 64  # tokens of each corpus window
 SEPARATORS = ("Ċ", ":", ",", "-", "Ġ-")  # byte-level BPE spellings of "\n", ":", ",", "-", " -"
@@ -162,9 +164,9 @@ def pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus: I
     for text in corpus:
         stream += tok(text + "\n", add_special_tokens=False)["input_ids"]
     if len(stream) <= LM_LEN:
-        raise ValueError(f"pretraining corpus has {len(stream)} tokens; need more than {LM_LEN}")
+        raise InputError(f"pretraining corpus has {len(stream)} tokens; need more than {LM_LEN}")
     if steps < 1:
-        raise ValueError(f"pretraining needs at least one near step, got steps={steps}")
+        raise InputError(f"pretraining needs at least one near step, got steps={steps}")
 
     def row(g: random.Random, offset: int):  # offset 0: a near row; max_offset: a far one
         return _offset(g, copy_row(g, len(tok), separators, first), stream, offset, len(tok), first)

@@ -30,6 +30,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from memorywalker.errors import InputError
 from memorywalker.fileio import file_sha256
 from memorywalker.modelkit.build import kit_dir
 
@@ -65,9 +66,9 @@ PACKAGED = {
 
 
 def packaged_model(name: str) -> PackagedModel:
-    """The :data:`PACKAGED` entry ``name``; a ValueError naming the valid ones otherwise."""
+    """The :data:`PACKAGED` entry ``name``; an InputError naming the valid ones otherwise."""
     if name not in PACKAGED:
-        raise ValueError(f"unknown model {name!r}; valid: {sorted(PACKAGED)}")
+        raise InputError(f"unknown model {name!r}; valid: {sorted(PACKAGED)}")
     return PACKAGED[name]
 
 

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from memorywalker.errors import InputError
+
 NORMALIZATIONS = ("token", "call", "trajectory", "sequence")
 # Per-target modes, for SFT and RL; ``sequence`` sums each sequence (DPO's pairs).
 TARGET_NORMALIZATIONS = tuple(n for n in NORMALIZATIONS if n != "sequence")
@@ -35,7 +37,7 @@ def normalize(weight: torch.Tensor, call: torch.Tensor, trajectory: torch.Tensor
     ``weight`` float [N] (0 = not trained), ``call``/``trajectory`` int64 [N] group ids.
     """
     if mode not in NORMALIZATIONS:
-        raise ValueError(f"unknown normalization {mode!r}; valid: {list(NORMALIZATIONS)}")
+        raise InputError(f"unknown normalization {mode!r}; valid: {list(NORMALIZATIONS)}")
     if mode == "token":
         return weight, weight.sum()  # c = w, D = Σ w
     ids = trajectory if mode == "trajectory" else call

@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 import torch
 
+from memorywalker.errors import InputError
+
 SAFETY_BOUND = 20.0  # |log ρ| cap before exponentiation: exp(20) ≈ 4.9e8
 
 
@@ -85,7 +87,7 @@ def level_log_ratio(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, ca
     try:
         fn = LEVELS[level]
     except KeyError:
-        raise ValueError(f"unknown rollout correction level {level!r}; valid: {sorted(LEVELS)}") from None
+        raise InputError(f"unknown rollout correction level {level!r}; valid: {sorted(LEVELS)}") from None
     log_ratio = old_logprob.float() - rollout_logprob.float()  # log ρ_i = log π_old − log π_rollout
     valid = torch.isfinite(log_ratio)
     log_ratio = torch.where(valid, log_ratio, torch.zeros_like(log_ratio))

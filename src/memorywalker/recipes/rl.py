@@ -55,6 +55,7 @@ import torch
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, get_method, run, step_denominators
+from memorywalker.errors import InputError
 from memorywalker.recipes.rl_config import RLConfig
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
@@ -104,7 +105,7 @@ def rollout_policy(cfg: RLConfig, model, tokenizer, info, stop_ids: list[int] | 
         return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
                                    max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids)
     if info.world_size > 1:
-        raise ValueError("rollout_engine=vllm runs beside one training process; with several ranks use "
+        raise InputError("rollout_engine=vllm runs beside one training process; with several ranks use "
                          "rollout_engine=hf (one engine per rank is not supported yet)")
     return VLLMPolicy(cfg.model, tokenizer=tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                       dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or (
@@ -132,7 +133,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
 
     # --- rollout machinery: a world and compressor, or a task file and a real harness; a sampler over the live weights
     if cfg.tasks is not None and info.world_size > 1:
-        raise ValueError("tasks= (harness rollouts) runs in one training process: the gateway serves its weights "
+        raise InputError("tasks= (harness rollouts) runs in one training process: the gateway serves its weights "
                          "(several ranks with one gateway each are not supported yet)")
     renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     policy = rollout_policy(cfg, model, tokenizer, info, stop_ids=sorted(renderer.eot_ids) if cfg.tasks else None)

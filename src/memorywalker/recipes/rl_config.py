@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
+from memorywalker.errors import InputError
 from memorywalker.gateway.harnesses import PINNED, is_known
 from memorywalker.objectives.rollout_correction import LEVELS
 from memorywalker.rollout import ENVIRONMENTS, HarnessConfig, make_compressor
@@ -105,15 +106,15 @@ class RLConfig(TrainConfig):
     def _harness(self):
         if self.tasks is None:
             if self.harness is not None:
-                raise ValueError(f"harness={self.harness} needs tasks=FILE (a task file); without one the rollouts "
+                raise InputError(f"harness={self.harness} needs tasks=FILE (a task file); without one the rollouts "
                                  "run in env= under compressor=")
             return self
         if self.harness is None or not is_known(self.harness):
-            raise ValueError(f"tasks= needs harness= one of {', '.join(PINNED)} or cmd:COMMAND (got {self.harness!r})")
+            raise InputError(f"tasks= needs harness= one of {', '.join(PINNED)} or cmd:COMMAND (got {self.harness!r})")
         if self.script is not None and self.rollout_engine != "hf":
-            raise ValueError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
+            raise InputError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
         if self.concurrency < 1:
-            raise ValueError(f"concurrency={self.concurrency}: at least one harness process")
+            raise InputError(f"concurrency={self.concurrency}: at least one harness process")
         return self
 
     @property
@@ -124,21 +125,21 @@ class RLConfig(TrainConfig):
     @classmethod
     def _positive(cls, v: float, info) -> float:
         if not v > 0:
-            raise ValueError(f"{info.field_name}={v}: {POSITIVE[info.field_name]}")
+            raise InputError(f"{info.field_name}={v}: {POSITIVE[info.field_name]}")
         return v
 
     @field_validator("rollout_is", "rollout_rs")
     @classmethod
     def _level(cls, v: str | None) -> str | None:
         if v is not None and v not in LEVELS:
-            raise ValueError(f"unknown rollout correction level {v!r}; valid: {', '.join(LEVELS)}")
+            raise InputError(f"unknown rollout correction level {v!r}; valid: {', '.join(LEVELS)}")
         return v
 
     @field_validator("rollout_rs_threshold")
     @classmethod
     def _rs_threshold(cls, v: tuple[float, float]) -> tuple[float, float]:
         if not 0 < v[0] <= v[1]:
-            raise ValueError(f"rollout_rs_threshold={list(v)}: needs 0 < lo <= hi")
+            raise InputError(f"rollout_rs_threshold={list(v)}: needs 0 < lo <= hi")
         return v
 
     @property
@@ -150,7 +151,7 @@ class RLConfig(TrainConfig):
     @model_validator(mode="after")
     def _one_tis(self):
         if self.tis_cap is not None and self.rollout_is is not None:
-            raise ValueError("tis_cap and rollout_is are both truncated importance sampling: set one")
+            raise InputError("tis_cap and rollout_is are both truncated importance sampling: set one")
         return self
 
     @field_validator("env")

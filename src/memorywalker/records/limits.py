@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.validate import RecordError
 
 DEFAULT_MAX_BYTES = 32 << 20
@@ -42,9 +43,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{name}={text!r}: not an integer") from None
+        raise InputError(f"{name}={text!r}: not an integer") from None
     if value < 1:
-        raise ValueError(f"{name}={value}: must be >= 1")
+        raise InputError(f"{name}={value}: must be >= 1")
     return value
 
 

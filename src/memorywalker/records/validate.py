@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Trajectory
 
 REASONS: dict[str, str] = {
@@ -59,7 +60,7 @@ REASONS: dict[str, str] = {
 }
 
 
-class RecordError(ValueError):
+class RecordError(InputError):
     """A record violates schema v1; ``code`` is a key of :data:`REASONS`."""
 
     def __init__(self, code: str, message: str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Message, ToolSchema, Trajectory
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class RenderedTrajectory:
         return [(c.call_id, c.reason or "no_targets") for c in self.calls if not c.targets]
 
 
-class RenderError(ValueError):
+class RenderError(InputError):
     pass
 
 

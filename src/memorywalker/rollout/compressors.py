@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import ToolSchema, Trajectory
 from memorywalker.rollout.environments.base import tool
 
@@ -323,5 +324,5 @@ COMPRESSORS: dict[str, Callable[[], Compressor]] = {
 
 def make_compressor(name: str) -> Compressor:
     if name not in COMPRESSORS:
-        raise ValueError(f"unknown harness {name!r}; valid: {list(COMPRESSORS)}")
+        raise InputError(f"unknown harness {name!r}; valid: {list(COMPRESSORS)}")
     return COMPRESSORS[name]()

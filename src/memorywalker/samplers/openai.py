@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 from memorywalker.samplers.http import ErrorAnswer, post_within
@@ -90,7 +91,7 @@ class EndpointError(ConnectionError):
 
 def _token_id(token: str) -> int:
     if not token.startswith("token_id:"):
-        raise ValueError(f"server returned token {token!r}, not 'token_id:N': start vLLM with "
+        raise InputError(f"server returned token {token!r}, not 'token_id:N': start vLLM with "
                          "--return-tokens-as-token-ids or use a server that returns choices[].token_ids")
     return int(token.split(":", 1)[1])
 

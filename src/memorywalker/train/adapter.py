@@ -5,8 +5,8 @@
     save_final(run_dir, model, tokenizer)         # PEFT saves adapter_config.json + adapter_model.safetensors
     write_adapter_manifest(run_dir / "final", ...)  # pins the base model hash, tokenizer and template hashes
 
-An adapter is only meaningful on the base it was trained on: :func:`load_adapter` refuses (a
-``ValueError`` naming both hashes) to apply it to a model whose weights hash differs from the one its
+An adapter is only meaningful on the base it was trained on: :func:`load_adapter` refuses (an
+``InputError`` naming both hashes) to apply it to a model whose weights hash differs from the one its
 manifest pins.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from memorywalker.errors import InputError
 from memorywalker.train.config import AdapterConfig
 from memorywalker.train.refcache import template_hash, tokenizer_hash, weights_hash
 
@@ -35,7 +36,7 @@ def apply_adapter(model: torch.nn.Module, cfg: AdapterConfig) -> torch.nn.Module
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in cfg.target_modules if t not in names]
     if missing:
-        raise ValueError(f"adapter.target_modules {missing} are not modules of this model; "
+        raise InputError(f"adapter.target_modules {missing} are not modules of this model; "
                          f"linear modules: {sorted(n for n in names if n.endswith('proj'))}")
     lora = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules),
                       lora_dropout=cfg.dropout, bias="none", task_type="CAUSAL_LM")
@@ -83,7 +84,7 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, *, trainable: 
     manifest = json.loads(path.read_text())
     have = weights_hash(model)
     if have != manifest["base_model_hash"]:
-        raise ValueError(f"adapter {adapter_dir} was trained on base {manifest['base_model']} (weights sha256 "
+        raise InputError(f"adapter {adapter_dir} was trained on base {manifest['base_model']} (weights sha256 "
                          f"{manifest['base_model_hash'][:12]}…), this model's weights hash to {have[:12]}…: "
                          "load it onto the same base")
     return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)

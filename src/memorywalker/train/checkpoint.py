@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule
 
+from memorywalker.errors import InputError
 from memorywalker.fileio import file_sha256, naming
 
 MANIFEST = "manifest.json"
@@ -51,7 +52,7 @@ FORMAT_FILES = {"safetensors": FILES, "dcp": ("dcp/.metadata", "rng.pt", "state.
 DCP_DIR = "dcp"  # a sharded checkpoint's folder of .distcp files
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """No checkpoint to trust where one was expected; the message names the run dir or the file."""
 
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from memorywalker.engine import get_method
 from memorywalker.engine.config import EngineConfig
+from memorywalker.errors import InputError
 from memorywalker.objectives.normalize import TARGET_NORMALIZATIONS
 from memorywalker.render import RenderOptions
 
@@ -32,7 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     pass
 
 
@@ -47,16 +48,16 @@ CHOICES: dict[str, tuple] = {
 
 
 def check_choice(field: str, value: Any, choices) -> Any:
-    """``value`` when it is one of ``choices``, else a ValueError naming the valid ones.
+    """``value`` when it is one of ``choices``, else an InputError naming the valid ones.
 
     >>> check_choice("parallel", "tp", PARALLEL)
     Traceback (most recent call last):
-    ValueError: unknown parallel 'tp'; valid: ddp, fsdp
+    memorywalker.errors.InputError: unknown parallel 'tp'; valid: ddp, fsdp
     """
     if value not in choices:
         named = [str(c) for c in choices if c is not None]
         unset = " (or unset)" if None in choices else ""
-        raise ValueError(f"unknown {field} {value!r}; valid: {', '.join(named)}{unset}")
+        raise InputError(f"unknown {field} {value!r}; valid: {', '.join(named)}{unset}")
     return value
 ENGINE_DEFAULTS = EngineConfig()  # the engine's defaults, which the recipe configs take over
 
@@ -81,14 +82,14 @@ class AdapterConfig(RecipeConfig):
     @classmethod
     def _kind(cls, v: str) -> str:
         if v not in ("none", "lora"):
-            raise ValueError(f"unknown adapter kind {v!r}; valid: none, lora")
+            raise InputError(f"unknown adapter kind {v!r}; valid: none, lora")
         return v
 
     @field_validator("rank")
     @classmethod
     def _rank(cls, v: int) -> int:
         if v < 1:
-            raise ValueError("must be >= 1")
+            raise InputError("must be >= 1")
         return v
 
 
@@ -174,7 +175,7 @@ class TrainConfig(RecipeConfig):
     @classmethod
     def _positive(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
-            raise ValueError("must be >= 1")
+            raise InputError("must be >= 1")
         return v
 
     @model_validator(mode="after")
@@ -183,7 +184,7 @@ class TrainConfig(RecipeConfig):
         # gather every layer again outside the agreed passes; per-layer checkpointing recomputes inside
         # each layer's own unit.
         if self.parallel == "fsdp" and self.checkpoint_chunks:
-            raise ValueError("parallel=fsdp with checkpoint_chunks=true is not supported; use "
+            raise InputError("parallel=fsdp with checkpoint_chunks=true is not supported; use "
                              "activation_checkpointing=true (each decoder layer recomputes inside its FSDP unit)")
         return self
 

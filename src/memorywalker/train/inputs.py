@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from memorywalker.errors import InputError
 from memorywalker.records.io import TrajectoryReader
 from memorywalker.records.schema import Trajectory
 from memorywalker.records.validate import RecordError
@@ -66,13 +67,13 @@ def read_records(recipe: str, data: str | Path | None, trajectories: list[Trajec
                  rejects_path: Path, check=None, verbose: bool = True) -> list[Trajectory]:
     """The accepted trajectories of ``data`` (or of ``trajectories`` given in memory, checked the same
     way), with ids checked against ``tokenizer``'s vocabulary and ``check`` applied; rejects go to
-    ``rejects_path``. Raises ``ValueError`` when none is accepted."""
+    ``rejects_path``. Raises ``InputError`` when none is accepted."""
     kwargs = dict(rejects_path=rejects_path, vocab_size=len(tokenizer), check=check)
     reader = TrajectoryReader(data, **kwargs) if trajectories is None else TrajectoryReader.of(trajectories, **kwargs)
     out = list(reader)
     where = data if trajectories is None else "(trajectories given to train())"
     if not out:
-        raise ValueError(f"data {where}: no valid trajectory ({reader.summary}"
+        raise InputError(f"data {where}: no valid trajectory ({reader.summary}"
                          f"{'; reasons in ' + str(rejects_path) if reader.summary.rejected else ''})")
     if verbose and reader.summary.rejected:
         print(f"{recipe}: {reader.summary}; reasons in {rejects_path}")

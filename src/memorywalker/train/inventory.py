@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memorywalker.errors import InputError
+
 TRAINABLE_BYTES = {"weight": 2, "grad": 2, "master": 4, "moments": 8}  # per trainable parameter
 FROZEN_BYTES = 2  # per frozen parameter (its weight)
 
@@ -53,5 +55,5 @@ def from_model_config(config_path, rank: int, target_modules: Sequence[str]) -> 
     shapes = [tuple(m.weight.shape) for name, m in model.named_modules()
               if name.rsplit(".", 1)[-1] in target_modules and hasattr(m, "weight")]
     if not shapes:
-        raise ValueError(f"no module named {list(target_modules)} in {config_path}")
+        raise InputError(f"no module named {list(target_modules)} in {config_path}")
     return base, lora_parameters(shapes, rank)

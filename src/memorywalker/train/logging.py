@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.fileio import naming
 
 
@@ -78,7 +79,7 @@ def _wandb_run(run_dir: Path, project: str, mode: str, config: dict[str, Any]):
     try:
         import wandb  # optional dependency (the wandb extra)
     except ImportError:
-        raise ValueError('wandb=true needs the wandb package: pip install "memorywalker[wandb]"') from None
+        raise InputError('wandb=true needs the wandb package: pip install "memorywalker[wandb]"') from None
     id_file = run_dir / "wandb" / "run_id"
     id_file.parent.mkdir(parents=True, exist_ok=True)
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from memorywalker.errors import InputError
 from memorywalker.modelkit import default_kit
 from memorywalker.modelkit.pretrained import model_path
 
@@ -56,6 +57,6 @@ def _load_merged_adapter(adapter_dir: Path, tokenizer: str | None, *, dtype: str
 
     base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{adapter_dir}: adapter_config.json names no base_model_name_or_path")
+        raise InputError(f"{adapter_dir}: adapter_config.json names no base_model_name_or_path")
     lm, tok = load_model(base, tokenizer or str(adapter_dir), dtype=dtype, device=torch.device("cpu"))
     return load_adapter(lm, adapter_dir).merge_and_unload().to(device), tok

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from memorywalker.errors import InputError
 from memorywalker.train.adapter import apply_adapter, trainable_parameters
 from memorywalker.train.distributed import DistInfo, allreduce_gradients, gather_objects
 from memorywalker.train.fsdp import full_norm, is_sharded, parallelize
@@ -55,7 +56,7 @@ def check_divisible(global_items: int, info: DistInfo, grad_accum: int, what: st
     """Items per micro-batch; every rank runs ``grad_accum`` micro-batches of equal size (collectives)."""
     parts = info.world_size * grad_accum
     if global_items % parts:
-        raise ValueError(f"{what}={global_items} must be divisible by world_size × grad_accum = "
+        raise InputError(f"{what}={global_items} must be divisible by world_size × grad_accum = "
                          f"{info.world_size} × {grad_accum}")
     return global_items // parts
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader, write_trajectories
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, Trajectory
@@ -141,7 +142,7 @@ def compile_record(parent: Trajectory, world, tokenizer, *, budget: int, seed: i
 def world_of(traj: Trajectory):
     cfg = {k: v for k, v in (traj.meta.get("env") or {}).items() if k != "name"}
     if (traj.meta.get("env") or {}).get("name") != "websearch":
-        raise ValueError(f"{traj.id}: compile-acc needs a websearch episode (its pages), not {traj.meta.get('env')}")
+        raise InputError(f"{traj.id}: compile-acc needs a websearch episode (its pages), not {traj.meta.get('env')}")
     return WebSearchEnv(**cfg).world
 
 

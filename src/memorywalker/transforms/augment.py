@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 from tqdm import tqdm
 
+from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader, write_trajectories
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
@@ -256,7 +257,7 @@ def augment_record(parent: Trajectory, m: SchemaMap, *, index: int = 0, env: Env
             args = tc.arguments
             if isinstance(args, dict) and m.dropped.get(tc.name) in args:
                 if env is None:
-                    raise ValueError(f"{parent.id}: call {tc.id} uses the removed argument "
+                    raise InputError(f"{parent.id}: call {tc.id} uses the removed argument "
                                      f"{m.dropped[tc.name]!r}; pass the environment for a fresh observation")
                 new_args = m.rewrite_arguments(tc.name, args)
                 answers_of[tc.id] = env.step(m.words[tc.name], new_args).observation
@@ -327,7 +328,7 @@ def check_no_old_identifiers(traj: Trajectory, m: SchemaMap) -> None:
     """Refuse a derived record in which an old identifier survives anywhere."""
     found = surviving_identifiers(traj, m)
     if found:
-        raise ValueError(f"{traj.id}: old identifier(s) {', '.join(found)} survive in the augmented record")
+        raise InputError(f"{traj.id}: old identifier(s) {', '.join(found)} survive in the augmented record")
 
 
 def render_tokens(traj: Trajectory, tokenizer) -> int:
@@ -341,7 +342,7 @@ def env_tools_of(traj: Trajectory) -> list[ToolSchema]:
     """The environment's own tools of a recorded episode (the harness's are not renamed)."""
     name = (traj.meta.get("env") or {}).get("name")
     if name not in ENVIRONMENTS:
-        raise ValueError(f"{traj.id}: environment {name!r} unknown; valid: {', '.join(ENVIRONMENTS)}")
+        raise InputError(f"{traj.id}: environment {name!r} unknown; valid: {', '.join(ENVIRONMENTS)}")
     cfg = {k: v for k, v in traj.meta["env"].items() if k != "name"}
     return ENVIRONMENTS[name](**cfg).tools()
 

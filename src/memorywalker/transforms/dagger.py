@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, ToolCall, Trajectory
 from memorywalker.render.toolcalls import call_arguments, parse_response
@@ -137,7 +138,7 @@ def label_records(traj: Trajectory, labels: list[dict[str, Any]], renderer, *, r
                                                      "learner_state": learner_state, "agree": lab["agree"]}})
         rc = renderer.render(child).calls[0]
         if call.context_tokens is not None and list(call.context_tokens) != rc.tokens[: rc.prompt_len]:
-            raise ValueError(f"{traj.id} {call.id}: the recorded context does not re-render to its tokens")
+            raise InputError(f"{traj.id} {call.id}: the recorded context does not re-render to its tokens")
         done = new_call.model_copy(update={"context_tokens": rc.tokens[: rc.prompt_len],
                                            "response_tokens": rc.tokens[rc.prompt_len:]})
         out.append(child.model_copy(update={"calls": [done]}))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from memorywalker.errors import InputError
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Trajectory
 
@@ -72,13 +73,13 @@ def strip_guidance(traj: Trajectory, guidance: str, renderer) -> Trajectory:
     """``traj`` with ``guidance`` removed from its system messages, the same response tokens, and context
     tokens re-rendered by ``renderer`` (a :class:`~memorywalker.render.Renderer`).
 
-    Raises ``ValueError`` when no system message contains ``guidance`` (nothing to distil).
+    Raises ``InputError`` when no system message contains ``guidance`` (nothing to distil).
     """
     if not guidance:
-        raise ValueError("strip-guidance needs a non-empty guidance text")
+        raise InputError("strip-guidance needs a non-empty guidance text")
     before = [m.content for m in traj.messages if m.role == "system"]
     if not any(guidance in c for c in before):
-        raise ValueError(f"{traj.id}: no system message contains the guidance text")
+        raise InputError(f"{traj.id}: no system message contains the guidance text")
     messages = [m.model_copy(update={"content": m.content.replace(guidance, "")})
                 if m.role == "system" and guidance in m.content else m for m in traj.messages]
     after = [m.content for m in messages if m.role == "system"]
@@ -115,7 +116,7 @@ def distill(trajs: Iterable[Trajectory], transform: str, *, guidance: str | None
     """Apply ``transform`` (``strip-guidance`` | ``filter-teacher``) to every record; return the derived
     records and the token counts."""
     if transform not in (STRIP_GUIDANCE, FILTER_TEACHER):
-        raise ValueError(f"unknown distill transform {transform!r}; valid: {STRIP_GUIDANCE}, {FILTER_TEACHER}")
+        raise InputError(f"unknown distill transform {transform!r}; valid: {STRIP_GUIDANCE}, {FILTER_TEACHER}")
     out, stats = [], TransformStats()
     for t in trajs:
         stats.records_in += 1

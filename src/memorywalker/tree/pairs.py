@@ -28,13 +28,14 @@ from typing import Literal
 
 import numpy as np
 
+from memorywalker.errors import InputError
 from memorywalker.render.types import RenderedTrajectory
 
 ScoredSet = Literal["divergent", "whole"]
 SCORED_SETS = ("divergent", "whole")
 
 
-class PairRejected(ValueError):
+class PairRejected(InputError):
     """A pair that cannot be trained; the message says why."""
 
 
@@ -84,7 +85,7 @@ def admit_pair(chosen: RenderedTrajectory, rejected: RenderedTrajectory, scored:
     """The admitted pair with its branch point and scored sets; raises :class:`PairRejected` with the
     reason when the records do not branch from an identical conditioning context."""
     if scored not in SCORED_SETS:
-        raise ValueError(f"unknown scored set {scored!r}; valid: {list(SCORED_SETS)}")
+        raise InputError(f"unknown scored set {scored!r}; valid: {list(SCORED_SETS)}")
     cw, cl = chosen.calls, rejected.calls
     k = 0
     while k < min(len(cw), len(cl)) and cw[k].tokens == cl[k].tokens:
@@ -133,7 +134,7 @@ def scored_targets(batch, pairs: list[AdmittedPair]) -> tuple[np.ndarray, np.nda
 
 def read_pairs(path) -> list[tuple[str, str]]:
     """``(chosen_id, rejected_id)`` per line of a JSONL file of ``{"chosen": ID, "rejected": ID}``.
-    A malformed line raises ``ValueError`` naming the file and the line."""
+    A malformed line raises ``InputError`` naming the file and the line."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -143,7 +144,7 @@ def read_pairs(path) -> list[tuple[str, str]]:
                 row = json.loads(line)
                 out.append((str(row["chosen"]), str(row["rejected"])))
             except (ValueError, KeyError, TypeError, RecursionError) as e:
-                raise ValueError(f"{path}:{n}: a pair is {{\"chosen\": ID, \"rejected\": ID}} ({e})") from None
+                raise InputError(f"{path}:{n}: a pair is {{\"chosen\": ID, \"rejected\": ID}} ({e})") from None
     return out
 
 
@@ -177,7 +178,7 @@ def rule_pairs(trajectories, rule: str, *, max_pairs_per_task: int | None = None
     try:
         prefer = PREFERENCE_RULES[rule]
     except KeyError:
-        raise ValueError(f"unknown preference rule {rule!r}; valid: {list(PREFERENCE_RULES)}") from None
+        raise InputError(f"unknown preference rule {rule!r}; valid: {list(PREFERENCE_RULES)}") from None
     groups: dict[str, list] = {}
     for t in trajectories:
         key = t.task.group or t.task.id if t.task is not None else None

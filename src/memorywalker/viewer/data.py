@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Message, Trajectory
 from memorywalker.tree.segments import message_segments
 from memorywalker.tree.tree import ConditioningTree
@@ -111,7 +112,7 @@ def _gap_view(traj: Trajectory, gap: dict, calls: list[dict]) -> dict[str, Any]:
     """Per call: ``diff[method][j]`` = |logp_train - logp_rollout| of response token j (None where absent)."""
     per_traj = (gap.get("tokens") or {}).get(traj.id)
     if per_traj is None:
-        raise ValueError(f"the gap report has no per-token values for trajectory {traj.id!r} "
+        raise InputError(f"the gap report has no per-token values for trajectory {traj.id!r} "
                          "(write it with `memorywalker gap --json --per-token`)")
     methods = sorted({m for rows in per_traj.values() for m in rows["logprob"]})
     out: dict[str, Any] = {"methods": methods, "calls": {}}

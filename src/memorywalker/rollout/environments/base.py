@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task, ToolSchema
 from memorywalker.samplers.base import Policy
 
@@ -84,7 +85,7 @@ class Environment(ABC):
     def expert(self) -> Policy:
         """This environment's scripted expert (``--sampler expert``); one without an expert of its own raises
         (another environment's expert would act on tools and tasks it does not know)."""
-        raise ValueError(f"env {self.name!r} has no scripted expert; choose a model sampler (hf:DIR, vllm:DIR, "
+        raise InputError(f"env {self.name!r} has no scripted expert; choose a model sampler (hf:DIR, vllm:DIR, "
                          "openai:URL)")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.rollout.environments.base import Environment
 from memorywalker.samplers.base import Policy
 from memorywalker.samplers.hf import HFPolicy
@@ -32,4 +33,4 @@ def make_policy(spec: str, *, env: Environment | None = None, **kwargs: Any) -> 
         return OpenAIPolicy(arg, **kwargs)
     if kind == "vllm" and arg:
         return VLLMPolicy(arg, **kwargs)
-    raise ValueError(f"unknown policy {spec!r}; valid: {SPECS}")
+    raise InputError(f"unknown policy {spec!r}; valid: {SPECS}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task, ToolSchema
 from memorywalker.rollout.environments.base import Environment, StepResult
 from memorywalker.rollout.episodes.harness import call_seed
@@ -42,10 +43,10 @@ class FaultConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rate <= 1:
-            raise ValueError(f"fault rate must be in [0, 1], got {self.rate}")
+            raise InputError(f"fault rate must be in [0, 1], got {self.rate}")
         bad = [k for k in self.kinds if k not in FAULT_KINDS]
         if bad or not self.kinds:
-            raise ValueError(f"unknown fault kinds {bad}; valid: {', '.join(FAULT_KINDS)}")
+            raise InputError(f"unknown fault kinds {bad}; valid: {', '.join(FAULT_KINDS)}")
         self.kinds = tuple(self.kinds)
 
 

@@ -20,6 +20,7 @@ import hashlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.records.validate import RecordError
@@ -48,7 +49,7 @@ class HarnessConfig:
     def __post_init__(self) -> None:
         make_compressor(self.name)  # raises with the valid names
         if not 0 < self.watermark <= 1:
-            raise ValueError(f"watermark must be in (0, 1], got {self.watermark}")
+            raise InputError(f"watermark must be in (0, 1], got {self.watermark}")
 
     @classmethod
     def of(cls, settings: Any) -> HarnessConfig:

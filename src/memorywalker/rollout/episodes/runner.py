@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from memorywalker.errors import InputError
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Task, Trajectory
 from memorywalker.rollout.environments.base import Environment
@@ -36,7 +37,7 @@ def next_tasks(env: Environment, suite: str, n: int, *, split: str | None = None
         if split is not None and task.split != split:
             # give up: a split a third of the tasks hold is met every few indices, one none holds never
             if index - start > 1000 * (n + 1):
-                raise ValueError(f"no tasks of split {split!r} in suite {suite!r} (looked at {index - start} "
+                raise InputError(f"no tasks of split {split!r} in suite {suite!r} (looked at {index - start} "
                                  f"tasks from index {start})")
             continue
         tasks.append(task)
@@ -75,7 +76,7 @@ def scan_existing(path: str | os.PathLike) -> tuple[list[str], int]:
         except (ValueError, KeyError, TypeError) as e:
             if end < 0 or data.find(b"\n", end + 1) < 0 and not data[end + 1:].strip():
                 break  # the last line: a cut-off write
-            raise ValueError(f"{path}: byte {pos}: a corrupt record that is not the last line ({e})") from None
+            raise InputError(f"{path}: byte {pos}: a corrupt record that is not the last line ({e})") from None
         pos = end + 1
         good = pos
     return ids, good
@@ -165,13 +166,13 @@ def rollout(env: Environment, policy: Policy, tokenizer, config: HarnessConfig, 
         planned = {e.episode_id for e in episodes}
         foreign = [i for i in ids if i not in planned]
         if foreign:
-            raise ValueError(f"{out} holds episodes of a different run (e.g. {foreign[0]!r}); use another file")
+            raise InputError(f"{out} holds episodes of a different run (e.g. {foreign[0]!r}); use another file")
         recorded = recorded_setup(out) if ids else None
         if recorded is not None and not override_config:
             current = {"env": env.config(), "harness": asdict(config), "policy": policy.config()}
             changed = setup_changes(recorded, json.loads(json.dumps(current)))  # tuples as JSON lists
             if changed:
-                raise ValueError(f"{out}: its episodes were run with a different configuration "
+                raise InputError(f"{out}: its episodes were run with a different configuration "
                                  f"({'; '.join(changed)}); pass --override-config to append anyway, "
                                  "or use another file")
         if Path(out).exists() and Path(out).stat().st_size != good:

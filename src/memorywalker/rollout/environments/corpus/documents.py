@@ -12,8 +12,8 @@ two names present with different values is an error), so BrowseComp-Plus's relea
 (``docid``/``text``/``url``; ``query_id``/``query``/``answer``/``evidence_docs``), Pyserini's
 (``id``/``contents``) and BEIR's (``_id``/``title``/``text``) load as they are.
 
-Every bad line is an error naming the file, the line and the cause (:class:`CorpusError`, a
-``ValueError``): text that is not JSON, a missing or non-string id or text, a duplicate id, an evidence
+Every bad line is an error naming the file, the line and the cause (:class:`CorpusError`, an
+``InputError``): text that is not JSON, a missing or non-string id or text, a duplicate id, an evidence
 id that is not in the corpus. Nothing is skipped silently; a blank line is not a record.
 
 Grading (:func:`grade`), with ``E`` the query's evidence ids, ``O`` the documents the agent opened and
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker import fileio
+from memorywalker.errors import InputError
 from memorywalker.rollout.environments.base import exact_match
 from memorywalker.rollout.environments.bm25 import bm25_index, bm25_top
 
@@ -69,7 +70,7 @@ STAMP = "memorywalker-index.json"
 FAILED = ("Error", "Warning: served from a stale cache")
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A bad documents or queries file: ``FILE: line N: cause``."""
 
 

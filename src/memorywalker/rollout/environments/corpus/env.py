@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task, ToolSchema, Trajectory
 from memorywalker.render.toolcalls import call_arguments
 from memorywalker.rollout.environments.base import Environment, StepResult, split_of, tool
@@ -74,12 +75,12 @@ class CorpusEnv(Environment):
         # not part of config()).
         # corpus_sha256 / queries_sha256: when given (a recorded config), the files must still be those.
         if (corpus is None) != (queries is None):
-            raise ValueError("a corpus and its queries go together (--corpus with --queries), or neither "
+            raise InputError("a corpus and its queries go together (--corpus with --queries), or neither "
                              "for the shipped tiny corpus")
         if not 0 <= answer_weight <= 1:
-            raise ValueError(f"answer_weight={answer_weight}: a weight in [0, 1]")
+            raise InputError(f"answer_weight={answer_weight}: a weight in [0, 1]")
         if search_k < 1 or snippet_chars < 0 or open_chars < 1:
-            raise ValueError(f"search_k={search_k}, snippet_chars={snippet_chars}, open_chars={open_chars}: "
+            raise InputError(f"search_k={search_k}, snippet_chars={snippet_chars}, open_chars={open_chars}: "
                              "search_k and open_chars must be >= 1, snippet_chars >= 0")
         self.corpus_arg, self.queries_arg = (None, None) if corpus is None else (str(corpus), str(queries))
         docs_path, queries_path = tiny_corpus() if corpus is None else (Path(corpus), Path(queries))
@@ -87,7 +88,7 @@ class CorpusEnv(Environment):
         for what, pinned in (("corpus", corpus_sha256), ("queries", queries_sha256)):
             if pinned is not None and pinned != self.sha256[what]:
                 path = docs_path if what == "corpus" else queries_path
-                raise ValueError(f"{path}: not the file the records were made with "
+                raise InputError(f"{path}: not the file the records were made with "
                                  f"(sha256 {self.sha256[what]}, recorded {pinned})")
         self.corpus = Corpus(read_documents(docs_path), index_cache=index_cache, key=self.sha256["corpus"])
         self.queries = read_queries(queries_path, self.corpus.by_id, corpus_name=str(docs_path))
@@ -103,9 +104,9 @@ class CorpusEnv(Environment):
 
     def task(self, suite: str, index: int) -> Task:
         if suite not in self.suites:
-            raise ValueError(f"unknown suite {suite!r} of env corpus; valid: {', '.join(self.suites)}")
+            raise InputError(f"unknown suite {suite!r} of env corpus; valid: {', '.join(self.suites)}")
         if not 0 <= index < len(self.queries):
-            raise ValueError(f"{self.queries_path} holds {len(self.queries)} queries: there is no query "
+            raise InputError(f"{self.queries_path} holds {len(self.queries)} queries: there is no query "
                              f"number {index + 1} (ask for fewer with --n, or another --split)")
         q = self.queries[index]
         return Task(id=q.query_id, group=f"corpus:{q.query_id}", split=split_of(f"{self.world_seed}:{q.query_id}"),
@@ -186,7 +187,7 @@ def grade_record(traj: Trajectory, *, answer_weight: float | None = None) -> Gra
     """
     env = traj.meta.get("env") or {}
     if env.get("name") != CorpusEnv.name or traj.task is None:
-        raise ValueError(f"{traj.id}: not a corpus episode (env {env.get('name')!r})")
+        raise InputError(f"{traj.id}: not a corpus episode (env {env.get('name')!r})")
     w = env["answer_weight"] if answer_weight is None else answer_weight
     calls = {tc.id: (tc.name, call_arguments(tc.arguments)) for m in traj.messages for tc in m.tool_calls}
     opened: set[str] = set()

@@ -36,6 +36,7 @@ import random
 from itertools import pairwise
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task, ToolSchema
 from memorywalker.rollout.environments.base import Environment, StepResult, normalize_answer, split_of, tool
 from memorywalker.rollout.environments.vault.expert import VaultExpert, pairs_text
@@ -99,7 +100,7 @@ class VaultEnv(Environment):
 
     def task(self, suite: str, index: int) -> Task:
         if suite not in SUITES:
-            raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+            raise InputError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
         rng = random.Random(f"vault-{self.world_seed}-{suite}-{index}")
         boxes = rng.sample(NAMES, SUITES[suite])
         codes = [rng.choice(CODES) for _ in boxes]

@@ -6,6 +6,7 @@ import random
 import re
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task
 from memorywalker.rollout.environments.experts import reply
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
@@ -46,7 +47,7 @@ class VaultExpert:
 
     def __init__(self, forget: float = 0.0):
         if not 0.0 <= forget <= 1.0:
-            raise ValueError(f"forget={forget}: a fraction of episodes, in [0, 1]")
+            raise InputError(f"forget={forget}: a fraction of episodes, in [0, 1]")
         self.forget = forget
         self._careless = False
 

@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Task
 from memorywalker.rollout.environments.base import split_of
 from memorywalker.rollout.environments.websearch.world import CITY, COMPANY, LINK_ATTRS, PERSON, World, slug
@@ -210,7 +211,7 @@ SUITES: dict[str, Callable[[World, random.Random], tuple[str, str, dict[str, Any
 def make_task(world: World, suite: str, index: int) -> Task:
     """Task number ``index`` of ``suite`` in ``world`` (deterministic in world seed, suite and index)."""
     if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; valid: {sorted(SUITES)}")
+        raise InputError(f"unknown suite {suite!r}; valid: {sorted(SUITES)}")
     rng = random.Random(f"task-{world.seed}-{suite}-{index}")
     question, answer, program = SUITES[suite](world, rng)
     group = f"{suite}:{question}"

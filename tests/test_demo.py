@@ -25,7 +25,7 @@ from memorywalker.rollout import HarnessConfig, VaultEnv, VaultExpert, rollout
 
 TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, pretrain_far_steps=2, warm_episodes=8, warm_summaries=2, warm_steps=2,
                warm_check_every=1, warm_check_episodes=2, warm_copy_target=0.0, warm_summary_target=0.0,
-               sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_turns=3,
+               sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_steps=3,
                max_new_tokens=24, methods=("radix", *METHODS))
 
 

@@ -59,6 +59,32 @@ def test_rl_harness_names_a_real_harness_with_tasks_and_the_compressor_without(t
         load_config(RLConfig, None, ["tasks=t.jsonl", "harness=codex", "script=s.yaml", "rollout_engine=vllm"])
 
 
+
+def test_rl_max_turns_is_now_max_steps_and_a_run_recorded_with_it_resumes(tmp_path):
+    """RL's act calls per episode were ``max_turns``; HarnessConfig and every command call them
+    ``max_steps``. The old key still loads (a deprecation line names the new one; both at once are an
+    error), and a run dir whose config.json holds ``max_turns`` resumes under ``max_steps`` — refused
+    only when the value changed."""
+    import json
+
+    from memorywalker.train.rundir import check_run_dir
+
+    with pytest.warns(DeprecationWarning, match="max_turns= is now max_steps=: write max_steps=3"):
+        cfg = load_config(RLConfig, None, ["max_turns=3"])
+    assert cfg.max_steps == 3 and "max_turns" not in cfg.model_dump()
+    with pytest.warns(DeprecationWarning, match="max_turns= is now max_steps="):
+        assert RLConfig(max_turns=5).max_steps == 5
+    with pytest.raises(ConfigError, match="max_turns= is now max_steps=: give max_steps= only"):
+        load_config(RLConfig, None, ["max_turns=3", "max_steps=4"])
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = RLConfig(run_dir=str(run), max_steps=3).model_dump(mode="json")
+    recorded["max_turns"] = recorded.pop("max_steps")  # as a run before the rename wrote it
+    (run / "config.json").write_text(json.dumps(recorded))
+    check_run_dir(RLConfig(run_dir=str(run), max_steps=3, resume=True))  # the same run: resumes
+    with pytest.raises(ConfigError, match=r"max_steps: 3 -> 4"):
+        check_run_dir(RLConfig(run_dir=str(run), max_steps=4, resume=True))
+
 def test_engine_config_carries_every_engine_field_a_recipe_config_has():
     """Each engine setting is typed once (EngineConfig) and a recipe config's value reaches the engine:
     RL's clipping, rollout correction and temperature too (rl.py used to list them by hand)."""

@@ -24,7 +24,7 @@ def even_token_share(traj) -> float:
 
 def config(kit, run_dir, **kw) -> RLConfig:
     base = dict(model=str(kit[1]), tokenizer=str(kit[0]), run_dir=str(run_dir), prompts_per_step=1, group_size=2,
-                max_turns=2, max_new_tokens=8, budget=1024, lr=1e-3, steps=1)
+                max_steps=2, max_new_tokens=8, budget=1024, lr=1e-3, steps=1)
     return RLConfig(**{**base, **kw})
 
 

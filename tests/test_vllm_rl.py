@@ -59,7 +59,7 @@ def run_two_steps(served, kit, run_dir, **kw):
         return token_id_reward(traj)
 
     base = dict(model=str(served), tokenizer=str(kit[0]), run_dir=str(run_dir), rollout_engine="vllm",
-                prompts_per_step=1, group_size=2, max_turns=2, max_new_tokens=8, budget=1024, max_context=1024,
+                prompts_per_step=1, group_size=2, max_steps=2, max_new_tokens=8, budget=1024, max_context=1024,
                 lr=3e-3, steps=2, vllm_kv_cache_gib=0.25)
     cfg = RLConfig(**{**base, **kw})
     return train(cfg, reward_fn=reward, progress=False), seen

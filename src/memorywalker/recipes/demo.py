@@ -78,7 +78,7 @@ class DemoConfig:
     # is pruned to a placeholder before the last act call and nothing is summarized, so the final context
     # still holds the earlier responses, next to a placeholder they never saw (the pruning failure mode).
     budgets: dict[str, int] = field(default_factory=lambda: {"claude-code": 260, "opencode": 438})
-    max_turns: int = 6
+    max_steps: int = 6  # act calls per episode (HarnessConfig.max_steps)
     max_new_tokens: int = 64
     # Careless summaries in this fraction of the expert's episodes (VaultExpert): SFT imitates them, the
     # reward penalizes them, so GRPO has something to learn beyond the demonstrations.
@@ -153,7 +153,7 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     env = VaultEnv(cfg.seed)
-    harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
+    harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_steps) for h in cfg.harnesses}
 
     # --- 1. kit: tokenizer on the environment's text, tiny random Llama, copy/LM pretraining ------------
     corpus = bundled_corpus() + env.corpus()
@@ -245,7 +245,7 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
                 sdcc_compressed_main=cfg.sdcc_compressed_main, sdcc_full_view_artifacts=cfg.sdcc_full_view_artifacts)
     with _threads(1):
         env = VaultEnv(cfg.seed)
-        harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_turns) for h in cfg.harnesses}
+        harness = {h: HarnessConfig(h, budget=cfg.budgets[h], max_steps=cfg.max_steps) for h in cfg.harnesses}
         tokenizer = AutoTokenizer.from_pretrained(out / "kit" / "tokenizer")
         expert = read_trajectories(out / "expert.jsonl")
         tasks = _eval_tasks(env, cfg)
@@ -266,7 +266,7 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
         rl_res = rl.train(rl.RLConfig(model=str(res.final_dir), run_dir=str(out / f"rl-{name}"), method=method,
                                       env="vault", steps=cfg.rl_steps, prompts_per_step=cfg.rl_prompts,
                                       group_size=cfg.rl_group, suite=cfg.suite, compressor=cfg.harnesses[0],
-                                      budget=cfg.budgets[cfg.harnesses[0]], max_turns=cfg.max_turns,
+                                      budget=cfg.budgets[cfg.harnesses[0]], max_steps=cfg.max_steps,
                                       max_new_tokens=cfg.max_new_tokens, lr=cfg.rl_lr, **sdcc,
                                       max_tokens=_max_tokens(cfg, method), save_every=cfg.rl_steps, seed=cfg.seed),
                           env=env, progress=False)

@@ -24,6 +24,8 @@ POSITIVE = {"temperature": "RL samples, so it must be > 0 (the trainer divides l
 class RLConfig(TrainConfig):
     """``memorywalker rl`` (fields of :class:`~memorywalker.train.config.TrainConfig` plus these)."""
 
+    RENAMED_KEYS = {"max_turns": "max_steps"}  # HarnessConfig's name (a run recorded with max_turns resumes)
+
     # sdcc: λ of KL(teacher ‖ student) under GRPO. The engine's λ = 1 (SFT's default) collapsed GRPO in
     # every demo seed that learned, its main loss made exact or not; 0.1 held (docs/sdcc.md, sections 4-5)
     sdcc_lambda: float = 0.1
@@ -39,7 +41,7 @@ class RLConfig(TrainConfig):
     budget: int = HarnessConfig.budget  # context budget (prompt tokens) the compressor compresses to
     watermark: float = HarnessConfig.watermark  # compress above watermark × budget
     keep_recent: int = HarnessConfig.keep_recent  # most recent steps protected from pruning, folding and offloading
-    max_turns: int = 8  # act calls per episode (HarnessConfig.max_steps)
+    max_steps: int = 8  # act calls per episode; was `max_turns`
     max_context: int = HarnessConfig.max_context  # hard window: a longer prompt ends the episode
     # --- rollouts as sessions of a real harness (memorywalker.recipes.rl_harness, docs/harness-rl.md)
     tasks: str | None = None  # task file (memorywalker.gateway.tasks); set: every episode is a harness session

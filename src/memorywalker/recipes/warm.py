@@ -48,14 +48,14 @@ def warm_start(cfg: DemoConfig, out: Path, model_dir, tokenizer, env, *, progres
     from memorywalker.recipes import sft  # lazy: torch.distributed (~1 s); recipes.demo imports this module
 
     scripted = env.expert(cfg.expert_forget)
-    none = HarnessConfig("none", max_steps=cfg.max_turns)
+    none = HarnessConfig("none", max_steps=cfg.max_steps)
     records, _ = rollout(env, scripted, tokenizer, none, suite=cfg.suite, n=cfg.warm_episodes, seed=cfg.seed,
                          split="train")
     check, _ = rollout(env, scripted, tokenizer, none, suite=cfg.suite, n=cfg.warm_check_episodes, seed=cfg.seed,
                        split="test")
     summaries = []
     if cfg.warm_summaries and "claude-code" in cfg.harnesses:
-        cc = HarnessConfig("claude-code", budget=cfg.budgets["claude-code"], max_steps=cfg.max_turns)
+        cc = HarnessConfig("claude-code", budget=cfg.budgets["claude-code"], max_steps=cfg.max_steps)
         compacted, _ = rollout(env, scripted, tokenizer, cc, suite=cfg.suite, n=cfg.warm_summaries,
                                seed=cfg.seed + 1, split="train")
         records += [one for t in compacted for one in summary_call_records(t)]

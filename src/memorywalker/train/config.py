@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -63,9 +64,35 @@ ENGINE_DEFAULTS = EngineConfig()  # the engine's defaults, which the recipe conf
 
 
 class RecipeConfig(BaseModel):
-    """Base of every recipe config: strict (unknown fields are errors), validated on assignment."""
+    """Base of every recipe config: strict (unknown fields are errors), validated on assignment.
+
+    ``RENAMED_KEYS`` (old key -> field) are keys a recipe renamed: still accepted, with a
+    DeprecationWarning naming the new one; both at once are an error.
+
+    >>> class Cfg(RecipeConfig):
+    ...     RENAMED_KEYS = {"max_turns": "max_steps"}
+    ...     max_steps: int = 8
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     Cfg(max_turns=3).max_steps, str(w[0].message)
+    (3, 'max_turns= is now max_steps=: write max_steps=3')
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        if not isinstance(data, dict):
+            return data
+        for old, new in cls.RENAMED_KEYS.items():
+            if old in data:
+                if new in data:
+                    raise InputError(f"{old}= is now {new}=: give {new}= only")
+                warnings.warn(f"{old}= is now {new}=: write {new}={data[old]}", DeprecationWarning, stacklevel=2)
+                data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+        return data
 
 
 class AdapterConfig(RecipeConfig):
@@ -221,7 +248,7 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
 
 def _check_keys(cls: type[BaseModel], data: dict, prefix: str = "") -> None:
     for key, value in data.items():
-        field = cls.model_fields.get(key)
+        field = cls.model_fields.get(key) or cls.model_fields.get(getattr(cls, "RENAMED_KEYS", {}).get(key, ""))
         if field is None:
             raise ConfigError(f"unknown key {prefix + key!r}; valid keys: {', '.join(valid_keys(cls, prefix))}")
         ann = field.annotation

@@ -59,8 +59,9 @@ RESUMABLE_FIELDS = frozenset({"resume", "override_config", "run_dir", "steps", "
 
 
 # Fields renamed since a run may have been recorded: old name -> new name (rl's compression policy was
-# `harness` until `harness` came to name a real harness, with tasks=).
-RENAMED_FIELDS = {"harness": "compressor"}
+# `harness` until `harness` came to name a real harness, with tasks=; its act calls per episode were
+# `max_turns` until they took HarnessConfig's name).
+RENAMED_FIELDS = {"harness": "compressor", "max_turns": "max_steps"}
 
 
 def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -69,6 +70,10 @@ def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
 
     >>> config_changes({"harness": "opencode", "lr": 1.0}, {"compressor": "opencode", "harness": None, "lr": 2.0})
     ['lr: 1.0 -> 2.0']
+    >>> config_changes({"max_turns": 4, "lr": 1.0}, {"max_steps": 4, "lr": 1.0})
+    []
+    >>> config_changes({"max_turns": 4}, {"max_steps": 6})
+    ['max_steps: 4 -> 6']
     """
     recorded = dict(recorded)
     for old_name, new_name in RENAMED_FIELDS.items():

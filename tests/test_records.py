@@ -145,3 +145,16 @@ def test_reader_streams_without_holding_records(tmp_path):
 def test_every_reason_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()
     assert all(f"`{code}`" in doc for code in REASONS)
+
+
+def test_one_meaning_per_reason_code():
+    """One table of meanings: the importers' table takes the codes it shares with the records' from
+    REASONS (it once typed its own words for eight of them: "a line (or the file) is not valid JSON"
+    beside "the line is not valid JSON"), and docs/records.md's table says what REASONS says."""
+    from memorywalker.importers import IMPORT_REASONS
+    from memorywalker.records.validate import SHARED_REASONS
+
+    assert set(IMPORT_REASONS) & set(REASONS) == set(SHARED_REASONS)
+    assert all(IMPORT_REASONS[code] is REASONS[code] for code in SHARED_REASONS)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()
+    assert [code for code, text in REASONS.items() if f"| `{code}` | {text} |" not in doc] == []

@@ -19,23 +19,17 @@ from typing import Any
 
 from memorywalker.records import RecordError, Trajectory, TrajectoryBuilder
 from memorywalker.records.limits import RecordLimits, check_size, loads
+from memorywalker.records.validate import REASONS, SHARED_REASONS
 from memorywalker.render.toolcalls import arguments_from_text
 
 IMPORT_REASONS: dict[str, str] = {
+    **{code: REASONS[code] for code in SHARED_REASONS},  # bad_json, too_deep, ...: one meaning, the records'
     "unreadable_file": "the file could not be opened or decoded",
-    "bad_json": "a line (or the file) is not valid JSON",
-    "truncated_line": "the final line has no newline and does not parse: the file was cut off mid-record",
-    "record_too_large": "a JSONL line is longer than the per-record size limit (MEMORYWALKER_MAX_RECORD_BYTES)",
-    "too_deep": "a record nests deeper than the depth limit (MEMORYWALKER_MAX_RECORD_DEPTH)",
-    "not_an_object": "a record is not a JSON object",
     "bad_format": "the file does not have the structure this format expects",
     "unknown_record_type": "a record type this importer does not know; it is not sent to the model",
-    "missing_field": "a record lacks a field the format requires",
     "missing_parent": "a record's parent is not in the input: contexts behind it are incomplete",
     "parent_cycle": "a record's parent links loop: the context behind it is cut where the loop closes",
     "orphan_tool_result": "a tool result answers no tool call of its context; it was left out",
-    "no_calls": "the input holds no model call",
-    "wrong_type": "a field that names or links a record (type, role, id, parent, tool-call id, ...) holds a list or an object",
     # A warning (kept): a subagent transcript imported without its session file.
     "orphan_subagent": "a subagent transcript whose session file is absent; imported on its own, not linked to its spawning call",
     # A built trajectory failed check_trajectory: the reason is "invalid_trajectory:<code>".

@@ -1,6 +1,8 @@
 """Record validation: every record is accepted or rejected with one specific reason code.
 
-:data:`REASONS` is the documented table of codes. :func:`check_trajectory` checks the structural
+:data:`REASONS` is the documented table of codes, the one source of their meanings: the importers'
+table (``importers/base.py``) takes the codes both give (:data:`SHARED_REASONS`) from it.
+:func:`check_trajectory` checks the structural
 invariants a parsed :class:`~memorywalker.records.schema.Trajectory` must satisfy before rendering;
 line-level problems (encoding, JSON, truncation) are found by :mod:`memorywalker.records.io`.
 """
@@ -19,18 +21,18 @@ REASONS: dict[str, str] = {
     # line level
     "empty_line": "the line is blank; a record must be one JSON object",
     "non_utf8": "the line is not valid UTF-8",
-    "bad_json": "the line is not valid JSON",
+    "bad_json": "a line (or a whole-file JSON document) is not valid JSON",
     "truncated_line": "the final line has no newline and does not parse: the file was cut off mid-record",
-    "record_too_large": "the line is longer than the per-record size limit (MEMORYWALKER_MAX_RECORD_BYTES)",
+    "record_too_large": "a line is longer than the per-record size limit (MEMORYWALKER_MAX_RECORD_BYTES)",
     "too_deep": "arrays/objects nest deeper than the per-record depth limit (MEMORYWALKER_MAX_RECORD_DEPTH)",
-    "not_an_object": "the JSON value is not an object",
+    "not_an_object": "a record's JSON value is not an object",
     "schema_version": "the 'schema' field is missing or names a version this reader does not know",
     "duplicate_trajectory_id": "a trajectory with the same id was already accepted from this input",
     # shape
-    "missing_field": "a required field is absent",
+    "missing_field": "a field the record requires is absent (schema v1's, or the log format's)",
     "wrong_type": "a field has the wrong type or a value outside its allowed set",
     "unknown_field": "a field that schema v1 does not define",
-    "no_calls": "the trajectory has no calls",
+    "no_calls": "the trajectory (or the imported input) has no model call",
     # identity
     "duplicate_message_id": "two messages share an id",
     "duplicate_call_id": "two calls share an id",
@@ -58,6 +60,10 @@ REASONS: dict[str, str] = {
     # what a model can take (readers that feed a model)
     "too_long": "a call renders to more tokens than the model has positions (max_seq_len); set aside before any forward",
 }
+
+# The codes the importers give too, with these meanings (importers/base.py IMPORT_REASONS takes them from here).
+SHARED_REASONS = ("bad_json", "truncated_line", "record_too_large", "too_deep", "not_an_object", "missing_field",
+                  "wrong_type", "no_calls")
 
 
 class RecordError(InputError):

@@ -1,4 +1,6 @@
-"""Shared pieces of the importers: the result/reject bookkeeping, JSONL reading, message tables.
+"""Shared pieces of the importers: the result/reject bookkeeping, JSONL reading, field readers. The
+black-box reconstruction they share (message identity by content, inferred evictions) is the records
+layer's: :mod:`memorywalker.records.blackbox`.
 
 Every importer returns an :class:`ImportResult`. Input records are counted once each, so
 ``read == imported + skipped + rejected`` always holds: *imported* records contributed to a
@@ -9,7 +11,6 @@ snapshots, ...), *rejected* ones carry a reason code from :data:`IMPORT_REASONS`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -327,77 +328,3 @@ def parse_arguments(args: Any) -> dict | str:
     if isinstance(args, str):  # not JSON, or hostile nesting (a RecordError): kept as the raw string
         return arguments_from_text(args, loads_deep_limited)
     return {} if args is None else str(args)
-
-
-class ContentTable:
-    """Black-box message identity: equal messages at the same occurrence in a context share an id.
-
-    A context that repeats a message verbatim keeps both copies (occurrence 0 and 1), so contexts
-    never list an id twice and identical prefixes of different calls share ids.
-    """
-
-    def __init__(self, builder: TrajectoryBuilder):
-        self.builder = builder
-        self.ids: dict[tuple[str, int], str] = {}
-
-    def context(self, messages: list[dict]) -> list[str]:
-        seen: Counter = Counter()
-        out = []
-        for m in unique_tool_call_ids(messages):
-            key = json.dumps(m, sort_keys=True, ensure_ascii=False)
-            out.append(self.get(key, seen[key], m))
-            seen[key] += 1
-        return out
-
-    def get(self, key: str, occurrence: int, fields: dict) -> str:
-        mid = self.ids.get((key, occurrence))
-        if mid is None:
-            digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-            mid = self.builder.message(id=f"m{len(self.builder.messages)}-{digest}", **fields)
-            self.ids[(key, occurrence)] = mid
-        return mid
-
-
-def unique_tool_call_ids(messages: list[dict]) -> list[dict]:
-    """Rename tool-call ids that an earlier assistant message of the list already used (``id#2``).
-
-    Some harnesses reuse ids (SWE-agent replays, proxies that number calls per request); schema v1
-    needs them unique per trajectory. Renaming depends only on the order of the list, so every
-    context that contains the same history gets the same ids. Tool results follow the latest use.
-    """
-    seen: dict[str, int] = {}
-    current: dict[str, str] = {}
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            tcs = []
-            for tc in m["tool_calls"]:
-                n = seen.get(tc["id"], 0)
-                seen[tc["id"]] = n + 1
-                current[tc["id"]] = tc["id"] if n == 0 else f"{tc['id']}#{n + 1}"
-                tcs.append({**tc, "id": current[tc["id"]]})
-            m = {**m, "tool_calls": tcs}
-        elif m.get("role") == "tool" and m.get("tool_call_id") in current:
-            m = {**m, "tool_call_id": current[m["tool_call_id"]]}
-        out.append(m)
-    return out
-
-
-def infer_evictions(builder: TrajectoryBuilder, kind: str, artifact_ids: set[str] | None = None) -> None:
-    """Black-box evictions: wherever a call's context does not extend the previous call's sequence.
-
-    ``removed`` = messages of the previous context + response that the new context lacks;
-    ``inserted`` = new messages placed before the last retained one (replacements such as
-    placeholders), or the harness artifacts among the new ones. Marked ``meta.inferred``.
-    """
-    artifact_ids = artifact_ids or set()
-    for prev, call in zip(builder.calls, builder.calls[1:], strict=False):
-        before = [*prev.context, prev.response]
-        if call.context[: len(before)] == before:
-            continue
-        now = set(call.context)
-        removed = [m for m in before if m not in now]
-        old = set(before)
-        last_kept = max((i for i, m in enumerate(call.context) if m in old), default=-1)
-        inserted = [m for i, m in enumerate(call.context) if m not in old and (i < last_kept or m in artifact_ids)]
-        builder.eviction(call.id, kind, removed, inserted, meta={"inferred": True})

@@ -16,19 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers.base import (
-    ContentTable,
     ImportOptions,
     ImportResult,
     as_list,
     as_text,
     content_text,
     import_files,
-    infer_evictions,
     parse_arguments,
     read_jsonl,
     str_list,
 )
 from memorywalker.records import Lineage, Task, ToolSchema, TrajectoryBuilder
+from memorywalker.records.blackbox import ContentTable, infer_evictions
 
 FORMAT = "openai-chat"
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",

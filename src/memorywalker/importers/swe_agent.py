@@ -26,19 +26,18 @@ from typing import Any
 
 from memorywalker.errors import InputError
 from memorywalker.importers.base import (
-    ContentTable,
     ImportOptions,
     ImportResult,
     carried,
     content_text,
     files_under,
     import_files,
-    infer_evictions,
     read_json,
     wrong_key_field,
 )
 from memorywalker.importers.openai_chat import to_fields
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.records.blackbox import ContentTable, infer_evictions
 
 FORMAT = "swe-agent"
 

@@ -1,4 +1,5 @@
-"""Trajectory records: schema v1, validation with reason codes, streaming JSONL I/O."""
+"""Trajectory records: schema v1, validation with reason codes, streaming JSONL I/O, the builder, and
+black-box context reconstruction (``blackbox.py``: a trajectory from delivered contexts alone)."""
 
 from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.derive import derive

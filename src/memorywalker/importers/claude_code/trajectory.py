@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from memorywalker.importers import billed
-from memorywalker.importers.base import ContentTable, ImportResult, as_text, content_text, opt_int, opt_str
+from memorywalker.importers.base import ImportResult, as_text, content_text, opt_int, opt_str
 from memorywalker.importers.claude_code import attachments, micro
 from memorywalker.importers.claude_code.records import STOP, Index, Rec, blocks, group_key
 from memorywalker.importers.claude_code.request_contexts import RequestContexts
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
+from memorywalker.records.blackbox import ContentTable
 
 
 class ChainTrajectory(RequestContexts):

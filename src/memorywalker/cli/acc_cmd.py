@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.errors import InputError
 
 
@@ -28,16 +29,9 @@ def compile_acc_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Opened pages (gold) + unvisited results (distractors), shuffled and packed to B; question; notes + answer."""
-    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
     from memorywalker.transforms.acc import compile_file  # lazy: the command's machinery, only when it runs
 
-    if tokenizer is None:
-        from memorywalker.modelkit import default_kit  # lazy: as above
-
-        tokenizer, _ = default_kit()
-    summary = compile_file(src, output, AutoTokenizer.from_pretrained(tokenizer), budget=budget, seed=seed,
-                           progress=progress)
+    summary = compile_file(src, output, load_tokenizer(tokenizer), budget=budget, seed=seed, progress=progress)
     typer.echo(json.dumps(summary))
     if not summary["written"]:
         raise InputError(f"{src}: no record compiled ({summary['rejected']})")

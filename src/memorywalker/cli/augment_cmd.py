@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.errors import InputError
 
 
@@ -32,17 +33,10 @@ def augment_cmd(
 ) -> None:
     """Rename tools and arguments, reorder declarations and fields, add distractor tools, drop an optional
     argument — coherently across schemas, calls, observations and errors; report the token expansion."""
-    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
     from memorywalker.transforms.augment import augment_file  # lazy: the command's machinery
 
-    if tokenizer is None:
-        from memorywalker.modelkit import default_kit  # lazy: as above
-
-        tokenizer, _ = default_kit()
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    summary = augment_file(src, output, copies=copies, seed=seed, distractors=distractors, tokenizer=tok,
-                           progress=progress)
+    summary = augment_file(src, output, copies=copies, seed=seed, distractors=distractors,
+                           tokenizer=load_tokenizer(tokenizer), progress=progress)
     typer.echo(json.dumps(summary))
     if not summary["written"]:
         raise InputError(f"{src}: no record could be augmented ({summary['reasons'][:1]})")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.records import read_trajectories, write_trajectories
 from memorywalker.render import Renderer
 
@@ -46,13 +47,7 @@ def distill_cmd(
     trajs = read_trajectories(input)
     renderer, guidance = None, None
     if strip:
-        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
-        if tokenizer is None:
-            from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
-
-            tokenizer = default_kit()[0]
-        renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer))
+        renderer = Renderer(load_tokenizer(tokenizer))
         guidance = guidance_file.read_text() if guidance_file is not None else WEBSEARCH_GUIDANCE
     records = tqdm(trajs, desc="distill", unit="rec", disable=not progress)
     out, stats = distill(records, STRIP_GUIDANCE if strip else FILTER_TEACHER, guidance=guidance,

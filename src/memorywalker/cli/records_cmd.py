@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.errors import InputError
 from memorywalker.records import REASONS, TrajectoryReader, json_schema
 from memorywalker.render import Renderer
@@ -23,16 +24,6 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 def _example_path() -> Path:
     return Path(str(resources.files("memorywalker.data").joinpath("examples/websearch-compressed.jsonl")))
-
-
-def _load_tokenizer(tokenizer_dir: Path | None):
-    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
-    if tokenizer_dir is None:
-        from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
-
-        tokenizer_dir, _ = default_kit()
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def schema(out: Path | None = typer.Option(None, "-o", "--out", help="Write to this file instead of stdout.")):
@@ -53,7 +44,7 @@ def validate(
 ):
     """Check records against schema v1; every line is accepted or rejected with a reason code.
     Exits 2 when no line was accepted (or, with --strict, when any was rejected)."""
-    vocab = len(_load_tokenizer(tokenizer)) if tokenizer else None
+    vocab = len(load_tokenizer(tokenizer)) if tokenizer else None
     reader = TrajectoryReader(files, rejects_path=rejects, vocab_size=vocab)  # rejects streamed, not held
     for _ in reader:
         pass
@@ -92,7 +83,7 @@ def inspect(
     from memorywalker.metrics.tree_stats import TreeStats, occupancy, tree_stats  # lazy: command machinery
 
     file = file or _example_path()
-    tok = _load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     renderer = Renderer(tok)
     reader = TrajectoryReader(file, rejects_path=rejects, vocab_size=len(tok))
     per: list[TreeStats] = []

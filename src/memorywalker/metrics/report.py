@@ -188,6 +188,11 @@ def write_report(doc: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
+    def save(fig, name: str) -> None:  # lay out, write and close one figure
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+
     methods = list(doc["methods"])
     harnesses = doc["config"]["harnesses"]
     x = np.arange(len(methods))
@@ -204,9 +209,7 @@ def write_report(doc: dict, out: Path) -> None:
         ax.set_ylabel("held-out reward (95 % bootstrap interval)")
         ax.set_title(f"reward under {h}")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "reward.png", dpi=110)
-    plt.close(fig)
+    save(fig, "reward.png")
 
     buckets = ["0", "1", "2", "3+"]
     fig, axes = plt.subplots(1, len(harnesses), figsize=(5.5 * len(harnesses), 3.8), squeeze=False)
@@ -220,9 +223,7 @@ def write_report(doc: dict, out: Path) -> None:
         ax.set_ylabel("mean |logp_train − logp_rollout|")
         ax.set_title(f"gap by branches before the call ({h})")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "gap_by_branches.png", dpi=110)
-    plt.close(fig)
+    save(fig, "gap_by_branches.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for m in methods:
@@ -236,9 +237,7 @@ def write_report(doc: dict, out: Path) -> None:
     ax.set_xlabel("RL step")
     ax.set_title("gap on each step's rollouts; SDCC's eps_kl")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "gap_over_steps.png", dpi=110)
-    plt.close(fig)
+    save(fig, "gap_over_steps.png")
 
     table = results_table(doc)
     (out / "table.md").write_text(table + "\n")

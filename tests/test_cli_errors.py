@@ -298,3 +298,17 @@ def test_what_counts_as_bad_input():
     with pytest.raises(ConfigError) as info:  # a config value is judged where it is read
         load_config(RLConfig, None, ["steps"])
     assert report("p", info.value) == INPUT_ERROR
+
+
+def test_a_directory_transformers_refuses_is_bad_input(tmp_path, kit, data):
+    """transformers refuses a directory without a tokenizer or a model with a plain ValueError; that is a
+    verdict on the user's --tokenizer / model=, so one line naming the directory, exit 2 (not "a bug?")."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_line_error(runner.invoke(app, ["validate", str(data), "--tokenizer", str(empty)]), "validate")
+    assert f"{empty}: not a tokenizer transformers can load (" in line and "a bug" not in line
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    line = one_line_error(sft(tmp_path, kit, f"data={data}", model=str(bare)), "sft")
+    assert f"{bare}: not a causal LM transformers can load (Unrecognized model in" in line and "a bug" not in line

@@ -15,6 +15,29 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class InputError(ValueError):
     """Bad input, named with its cause: the CLI reports it in one line and exits 2."""
+
+
+@contextmanager
+def judging(what: object, refusal: str) -> Iterator[None]:
+    """Around a call that judges the user's input ``what`` and refuses it with a plain ``ValueError`` (a
+    library's loader: transformers says "Unrecognized model in DIR" for a directory without a model):
+    that refusal is raised as an :class:`InputError` naming ``what``.
+
+    >>> with judging("runs/x", "not a model transformers can load"):
+    ...     raise ValueError("Unrecognized model in runs/x.")
+    Traceback (most recent call last):
+    ...
+    memorywalker.errors.InputError: runs/x: not a model transformers can load (Unrecognized model in runs/x.)
+    """
+    try:
+        yield
+    except InputError:
+        raise
+    except ValueError as e:
+        raise InputError(f"{what}: {refusal} ({' '.join(str(e).split())})") from e

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from memorywalker.cli import renamed
 from memorywalker.cli.harness_options import harness_option
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.rollout import ENVIRONMENTS
 from memorywalker.rollout.compressors import COMPRESSORS  # the compressor registry (light: no model code)
 
@@ -97,11 +98,7 @@ def eval_cmd(
                      n=n, samples=samples, seed=seed, split=None if split == "all" else split, env=env, world_seed=world_seed,
                      world_size=parse_world_size(world_size), temperature=temperature,
                      max_new_tokens=max_new_tokens, alpha=alpha, resamples=resamples, device=device)
-    tok = None
-    if tokenizer is not None:
-        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     # The episodes of both sides must be rendered by one tokenizer: the model's is shared with an expert side.
     a = load_candidate(model, "model", cfg, tokenizer=tok) if model != "expert" or tok is not None else None
     b = load_candidate(baseline, "baseline", cfg, tokenizer=tok or (a.tokenizer if a else None)) if baseline else None

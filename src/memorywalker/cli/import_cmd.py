@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.errors import InputError
 from memorywalker.fileio import atomic_write
 from memorywalker.importers import IMPORTERS, ImportOptions, run_import
@@ -46,9 +47,7 @@ def import_logs(
         raise typer.BadParameter(f"unknown format {format!r}; valid: {', '.join(sorted(IMPORTERS))}")
     count = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
+        tok = load_tokenizer(tokenizer)
         count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     result = run_import(format, paths, ImportOptions(redact=redact, max_input_tokens=max_input_tokens,
                                                      count_tokens=count))

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from memorywalker.cli import renamed
 from memorywalker.cli.harness_options import HELP, harness_option
+from memorywalker.cli.tokenizers import load_tokenizer
 
 # the compressor and environment registries, and the rollout machinery (loaded at CLI start anyway)
 from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
@@ -78,8 +79,6 @@ def rollout_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Roll out N tasks of a suite with a sampler under a compression policy; record every call."""
-    from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
     if suite is None and len(ENVIRONMENTS[env].suites) != 1:
@@ -126,11 +125,7 @@ def rollout_cmd(
             tokenizer = Path(arg)
         elif kind == "openai":
             raise typer.BadParameter("--sampler openai:URL needs --tokenizer DIR (the served model's tokenizer)")
-        else:
-            from memorywalker.modelkit import default_kit  # lazy: the command's machinery, only when it runs
-
-            tokenizer = default_kit()[0]
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok = load_tokenizer(tokenizer)  # None: the kit's (the expert and scripted samplers)
     config = HarnessConfig(compressor, budget=budget, watermark=watermark, keep_recent=keep_recent,
                            max_steps=max_steps, max_context=max_context or HarnessConfig.max_context)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run

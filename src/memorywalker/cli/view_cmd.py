@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from memorywalker.cli.tokenizers import load_tokenizer
 from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader
 from memorywalker.render import Renderer
@@ -33,9 +34,7 @@ def view(
         raise typer.BadParameter("--gap needs --tokenizer (the heat map is drawn on the response tokens)")
     renderer = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
-
-        renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer))
+        renderer = Renderer(load_tokenizer(tokenizer))
     report = json.loads(gap.read_text(encoding="utf-8")) if gap is not None else None
     # With a tokenizer, recorded ids it does not have are rejected before anything is rendered.
     reader = TrajectoryReader(data, vocab_size=len(renderer.tok) if renderer is not None else None)

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import torch
 
-from memorywalker.errors import InputError
+from memorywalker.errors import InputError, judging
 from memorywalker.modelkit import default_kit
 from memorywalker.modelkit.pretrained import model_path
+
+# What a directory transformers refuses is not (its ValueError becomes bad input naming the directory).
+TOKENIZER = "not a tokenizer transformers can load"
+MODEL = "not a causal LM transformers can load"
 
 
 def resolve_dirs(model: str, tokenizer: str | None = None) -> tuple[Path, Path]:
@@ -32,7 +36,8 @@ def load_tokenizer(model: str, tokenizer: str | None = None):
     _, tok_dir = resolve_dirs(model, tokenizer)
     if not tok_dir.is_dir():
         raise FileNotFoundError(f"{tok_dir} is not a local directory (recipes never download models)")
-    return AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    with judging(tok_dir, TOKENIZER):
+        return AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
 
 
 def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.device):
@@ -47,8 +52,10 @@ def load_model(model: str, tokenizer: str | None, *, dtype: str, device: torch.d
     for d in (model_dir, tok_dir):
         if not d.is_dir():
             raise FileNotFoundError(f"{d} is not a local directory (recipes never download models)")
-    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
+    with judging(tok_dir, TOKENIZER):
+        tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    with judging(model_dir, MODEL):
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
     return lm.to(device), tok
 
 

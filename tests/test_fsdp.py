@@ -35,7 +35,7 @@ NORMS = ["token", "trajectory"]
 # AdamW's first step is lr·m̂/(√v̂ + ε); ε = 1 keeps the update linear in the gradient, so the
 # comparison measures the gradient (fp32 summation order) instead of sign(g) on near-zero entries.
 SFT = dict(steps=1, batch_size=4, lr=0.1, adam_eps=1.0)
-RL = dict(steps=1, prompts_per_step=2, group_size=2, max_turns=2, max_new_tokens=8, budget=1024, lr=0.1, adam_eps=1.0)
+RL = dict(steps=1, prompts_per_step=2, group_size=2, max_steps=2, max_new_tokens=8, budget=1024, lr=0.1, adam_eps=1.0)
 RESUME = dict(batch_size=4, lr=0.05, adam_eps=1.0, save_every=1)  # 2 steps on 2 ranks, then 4 on 1
 
 

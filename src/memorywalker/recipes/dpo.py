@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from memorywalker.engine import Batch, Denominators, EngineConfig, get_method, logprobs
 from memorywalker.engine.logprobs import kl_term
+from memorywalker.errors import InputError
 from memorywalker.fileio import atomic_write
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
@@ -212,7 +213,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
         print(f"dpo: {len(pairs)} pairs: {len(admitted)} admitted, {len(rejected)} rejected"
               + (f" (reasons in {run_dir / 'pair_rejects.jsonl'})" if rejected else ""))
     if not admitted:
-        raise ValueError(f"dpo: no admitted pair among {len(pairs)}"
+        raise InputError(f"dpo: no admitted pair among {len(pairs)}"
                          + (f"; first rejection: {rejected[0]['reason']}" if rejected else ""))
 
     # --- reference sums, once (before any update or resume), through the cache -------------------------

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from memorywalker.engine import Batch, get_method, run, step_denominators
+from memorywalker.errors import InputError
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.train.adapter import (
@@ -108,9 +109,9 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
     if not data:
-        raise ValueError("sft: no trajectory has a selected target")
+        raise InputError("sft: no trajectory has a selected target")
     if state and state.get("num_trajectories") != len(data):
-        raise ValueError(f"resume: the checkpoint was trained on {state.get('num_trajectories')} trajectories, "
+        raise InputError(f"resume: the checkpoint was trained on {state.get('num_trajectories')} trajectories, "
                          f"the data now has {len(data)}")
     if info.is_main:
         record_config(cfg)
@@ -120,7 +121,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
 
     # --- loop -------------------------------------------------------------------------------------------
     if until is not None and info.world_size > 1:
-        raise ValueError("sft: until= runs in one process (each rank would decide alone)")
+        raise ConfigError("sft: until= runs in one process (each rank would decide alone)")
     history: list[dict] = []
     done = cfg.steps
     bar = tqdm(total=cfg.steps, initial=start, desc=f"sft {cfg.method}", unit="step",

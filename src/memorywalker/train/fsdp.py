@@ -45,6 +45,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from memorywalker.attention.masks import attention_implementation
+from memorywalker.errors import InputError
 from memorywalker.train.adapter import engine_model, is_adapted
 from memorywalker.train.checkpoint import (
     DCP_DIR,
@@ -80,7 +81,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]  # sharded too
     if not layers:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found to shard "
+        raise InputError(f"{type(model).__name__}: no decoder layers found to shard "
                          f"(_no_split_modules = {sorted(names)})")
     return layers
 

@@ -43,6 +43,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.utils.stateless import (
+    _reparametrize_module,  # what torch.func.functional_call runs, without re-entering the module's hooks
+)
 
 from memorywalker.attention.masks import attention_implementation
 from memorywalker.errors import InputError
@@ -114,12 +117,55 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     root.set_modules_to_backward_prefetch([layers[-1]] if chain else [root])
     for below, layer in zip([root, *layers[:-1]], layers, strict=True):
         layer.set_modules_to_backward_prefetch([below] if chain else [root])
+    for layer in layers:
+        reduce_per_forward(layer)
     for m in fsdp_modules(model):
         # Sum, not average: the engine already divides every loss by the step's global denominator.
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
         m.set_reduce_scatter_unused_params(True)
     return model
+
+
+class _GradientNow(torch.autograd.Function):
+    """Identity on a parameter; its backward adds the gradient to ``param.grad`` right away and hands
+    nothing to autograd's accumulation."""
+
+    @staticmethod
+    def forward(ctx, param):
+        ctx.param = param
+        return param.view_as(param)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p = ctx.param
+        if p.grad is None:
+            p.grad = grad.detach().contiguous()
+        else:
+            p.grad += grad
+        return None
+
+
+def reduce_per_forward(layer: torch.nn.Module) -> None:
+    """Let FSDP reduce-scatter a layer's gradient after each forward's backward, not after the last.
+
+    A backward that spans several forwards of one layer (a radix tree: one forward per tree level) lets
+    autograd hold each parameter's gradient until its last use has run: the whole unsharded gradient of
+    every layer, kept from the first forward's backward to the last (``scripts/fsdp2_multi_forward_memory.py``
+    shows it on plain FSDP2). FSDP's post-backward of the earlier uses then finds no gradient. Here each
+    forward of ``layer`` uses its trainable parameters through :class:`_GradientNow`, whose backward
+    writes the gradient into ``param.grad`` at once (its node, created after FSDP's post-backward node,
+    runs before it), so every post-backward reduce-scatters what that forward contributed."""
+    forward = layer.forward
+
+    def forward_reducing_per_use(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        params = {n: _GradientNow.apply(p) for n, p in layer.named_parameters() if p.requires_grad}
+        with _reparametrize_module(layer, params):
+            return forward(*args, **kwargs)
+
+    layer.forward = forward_reducing_per_use
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

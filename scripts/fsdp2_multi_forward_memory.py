@@ -1,6 +1,6 @@
-"""What plain FSDP2 holds through one backward that spans several forwards (no memorywalker code inside).
+"""What FSDP2 holds through one backward that spans several forwards, plain and with memorywalker's fix.
 
-    OMP_NUM_THREADS=1 python scripts/fsdp2_multi_forward_memory.py [--forwards 1 2 5]
+    OMP_NUM_THREADS=1 python scripts/fsdp2_multi_forward_memory.py [--forwards 1 2 5] [--reduce-per-forward]
 
 Eight blocks of two Linear layers (2048 -> 4096 -> 2048, 16.8M parameters, 64 MiB per block; a 32 MiB
 shard at 2 ranks), each ``fully_shard``-ed with FSDP2's defaults, 2 gloo ranks. The loss sums K
@@ -8,8 +8,12 @@ forwards of the same batch; one backward. Printed for rank 0: the heap in use (g
 each block's ``post_backward``, above what the rank held before the forwards. With K = 1 each block
 adds its sharded gradient (32 MiB); with K >= 2 each block adds about twice that during the first
 forward's backward, and the surplus is released only as the last forward's backward passes the block:
-through a backward over several forwards FSDP2 holds about one more shard per block. The radix
-schedule's backward spans one forward per tree level (docs/benchmarks.md, FSDP vs DDP).
+through a backward over several forwards FSDP2 holds about one more shard per block. The cause:
+autograd keeps a parameter's gradient until its last use in the graph has run, so the first
+post-backward finds no gradient to reduce-scatter and the unsharded gradient waits. The radix
+schedule's backward spans one forward per tree level. ``--reduce-per-forward`` applies
+:func:`memorywalker.train.fsdp.reduce_per_forward` to each block (what ``parallel=fsdp`` does to every
+decoder layer): each forward's gradient is written at once and reduce-scattered after its own backward.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group  # private: the hook we time
 
 from memorywalker.bench.memory import _cpu_bytes_probe
+from memorywalker.train.fsdp import reduce_per_forward
 
 
 class Block(nn.Module):
@@ -38,7 +43,7 @@ class Block(nn.Module):
         return x + self.down(torch.relu(self.up(x)))
 
 
-def _worker(rank: int, world: int, port: int, forwards: list[int]) -> None:
+def _worker(rank: int, world: int, port: int, forwards: list[int], per_forward: bool) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -57,6 +62,8 @@ def _worker(rank: int, world: int, port: int, forwards: list[int]) -> None:
         model = nn.Sequential(*[Block() for _ in range(8)])
         for block in model:
             fully_shard(block)
+            if per_forward:
+                reduce_per_forward(block)
         fully_shard(model)
         x = torch.randn(64, 2048)
         gc.collect()
@@ -73,11 +80,12 @@ def _worker(rank: int, world: int, port: int, forwards: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--forwards", type=int, nargs="+", default=[1, 2, 5])
+    ap.add_argument("--reduce-per-forward", action="store_true", help="memorywalker's fix on every block")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, args.forwards), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, port, args.forwards, args.reduce_per_forward), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: the hook observed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memorywalker.engine import EngineConfig, run, step_denominators
@@ -97,14 +98,25 @@ def probe(kit, rank: int) -> dict:
 
     for m in layers:
         m.register_forward_pre_hook(count)
+    found = []  # per decoder-layer post-backward: did FSDP find this forward's gradient to reduce-scatter?
+    real_post_backward = FSDPParamGroup.post_backward
+
+    def post_backward(group, *args):
+        if group._module_fqn.startswith("model.layers."):
+            found.append(all(p.unsharded_param.grad is not None for p in group.fsdp_params
+                             if hasattr(p, "_unsharded_param")))
+        return real_post_backward(group, *args)
+
+    FSDPParamGroup.post_backward = post_backward
     traj = uneven()[rank]
     batch = Batch.from_groups([[Renderer(tok).render(traj)]])
     cfg = EngineConfig(method="radix", max_tokens=64)  # several forwards per tree level on the big tree
     dens = step_denominators([batch], cfg)
     with StepSchedule(model) as schedule:
         out = run(model, batch, cfg, denominators=dens, schedule=schedule)
+    FSDPParamGroup.post_backward = real_post_backward
     after = sum(g.is_unsharded for m in fsdp_modules(model) for g in m._get_fsdp_state()._fsdp_param_groups)
-    return {"gathered": gathered, "after": after, "counts": {k: schedule.counts[k] for k in (
+    return {"gathered": gathered, "after": after, "found": found, "layers": len(layers), "counts": {k: schedule.counts[k] for k in (
         "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"]}
 
 
@@ -164,12 +176,17 @@ def test_uneven_ranks_equal_the_single_process_run(kit, tmp_path, uneven_runs, n
 
 def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
     """Whenever a decoder layer starts its forward, it is the only one gathered (FSDP2 resharded the one
-    before); after the step none is. Rank 0 (2 calls) ran as many forwards with grad and backwards as
+    before); after the step none is. Each layer's post-backward, once per forward, finds that forward's
+    gradient to reduce-scatter (without train/fsdp.reduce_per_forward autograd would hold it until the
+    layer's last forward had run: the whole unsharded gradient). Rank 0 (2 calls) ran as many forwards with grad and backwards as
     rank 1 (40 calls), the difference in empty ones: its real forwards + empty forwards = rank 1's."""
     p0, p1 = torch.load(uneven_runs / "probe0.pt"), torch.load(uneven_runs / "probe1.pt")
     for p in (p0, p1):
         assert p["gathered"] and set(p["gathered"]) == {1}, p["gathered"]
         assert p["after"] == 0
+        # every forward's backward hands FSDP its gradient (train/fsdp.reduce_per_forward): one
+        # post-backward per layer per forward, none finding the gradient still held by autograd
+        assert len(p["found"]) == p["layers"] * (p["counts"]["grad_forwards"] + p["counts"]["empty_forwards"]) and all(p["found"])
     c0, c1 = p0["counts"], p1["counts"]
     assert p1["forwards"] > p0["forwards"]  # the 40-call tree needs more radix forwards
     assert c0["grad_forwards"] + c0["empty_forwards"] == c1["grad_forwards"] + c1["empty_forwards"]

@@ -120,6 +120,17 @@ def probe(kit, rank: int) -> dict:
         "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"]}
 
 
+def dangling(kit, rank: int) -> dict:
+    """Rank 0 runs a forward with grad whose output feeds no loss (a buffer without a trained target) and
+    never calls backward; rank 1 runs nothing. Leaving the block must not hang or fail."""
+    model = shard_model(AutoModelForCausalLM.from_pretrained(kit[1]))
+    with StepSchedule(model) as schedule:
+        if rank == 0:
+            model(input_ids=torch.tensor([[5, 6, 7]]))
+    grads = [p.grad for p in model.parameters()]
+    return {"counts": dict(schedule.counts), "zero_grads": all(g is not None and not g.full_tensor().any() for g in grads)}
+
+
 def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -128,6 +139,7 @@ def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
         for name, (recipe, kw) in cases(kit, Path(root)).items():
             train(recipe, Path(root) / f"fsdp-{name}", {**kw, "parallel": "fsdp"})
         torch.save(probe(kit, rank), Path(root) / f"probe{rank}.pt")
+        torch.save(dangling(kit, rank), Path(root) / f"dangling{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -214,3 +226,13 @@ def test_activation_checkpointing_recomputes_in_eval_mode_without_dropout(kit):
     assert len(calls) == 3
     for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_forward_with_grad_and_no_backward_ends_the_step_on_every_rank(uneven_runs):
+    """Rank 0's forward with grad but no loss, rank 1's nothing: leaving the block runs one backward on
+    both (rank 1 through its empty forward), so FSDP's armed hooks and collectives pair up; the
+    gradients are exact zeros (0·logits), every parameter has one."""
+    d0, d1 = torch.load(uneven_runs / "dangling0.pt"), torch.load(uneven_runs / "dangling1.pt")
+    assert d0["counts"]["grad_forwards"] == 1 and d1["counts"]["empty_forwards"] == 1
+    assert d0["counts"]["empty_backwards"] == d1["counts"]["empty_backwards"] == 1
+    assert d0["zero_grads"] and d1["zero_grads"]

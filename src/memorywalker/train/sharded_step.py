@@ -50,10 +50,9 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from memorywalker.train.fsdp import CollectiveError, fsdp_modules, local_device
+from memorywalker.train.fsdp import fsdp_modules, local_device
 
-DONE, BACKWARD, FORWARD, GRAD_FORWARD = 0, 1, 2, 3
-WISHES = {DONE: "done", BACKWARD: "backward", FORWARD: "forward", GRAD_FORWARD: "forward with grad"}
+DONE, BACKWARD, FORWARD, GRAD_FORWARD = 0, 1, 2, 3  # what a rank wishes next; the largest wish runs
 
 
 class StepSchedule:
@@ -103,10 +102,14 @@ class StepSchedule:
         """Run empty passes until every rank is done. Collective; called on leaving the block."""
         if not self.active:
             return
+        if self._anchors:
+            # Forwards with grad whose loss needed no backward (a buffer without a trained target). Every
+            # rank holds as many since the last backward (each forward with grad, real or empty, leaves
+            # one), so every rank wishes this backward: it runs the layers' backward hooks FSDP armed.
+            self._wait_for_turn(BACKWARD)
+            self.counts["empty_backwards"] += 1
+            self._backward([])
         self._wait_for_turn(DONE)
-        if self._anchors:  # every rank's backwards covered its forwards: nothing can be pending here
-            raise CollectiveError(f"rank {dist.get_rank()}: {len(self._anchors)} forward(s) with grad left "
-                                  "without a backward at the end of the step")
 
     def metrics(self) -> dict[str, int]:
         """This rank's empty passes (summed over ranks in a step's metrics); nothing when inert."""

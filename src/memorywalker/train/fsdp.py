@@ -11,9 +11,10 @@ unit (embedding, final norm, LM head) stays gathered from a step's first forward
 backward. Those collectives come from inside the model, once per pass, and the engine's number of passes
 depends on the trees a rank holds, so the recipes run every step inside a
 :class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on each pass before it, and a rank
-with less to do runs empty ones. Between steps a rank holds its shard of the parameters, gradients and
-AdamW moments; during one, its shard plus the layer being computed (and the root unit) — at 2 ranks
-about half of what DDP holds.
+with less to do runs empty ones. A radix backward spans several forwards of each layer, so each forward
+hands its gradient to FSDP at once (:func:`reduce_per_forward`) and it is reduce-scattered after that
+forward's backward. Between steps a rank holds its shard of the parameters, gradients and AdamW
+moments; during one, its shards plus the layer being computed (and the root unit) and the activations.
 
 Passes with no backward and a data-dependent count that would make per-pass agreement costly (sampling
 rollouts: one forward per token; the no-grad π_old pass) run inside :func:`gathered`: every layer
@@ -199,7 +200,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     engine_model(model).register_forward_pre_hook(with_grad_checkpointing)
 
 
-# --- the fixed collective schedule ---------------------------------------------------------------------
+# --- passes without backward ----------------------------------------------------------------------------
 
 
 @contextmanager

@@ -29,8 +29,9 @@ covers all of them: each real forward's output is tied into the next backward as
 too, so a forward whose output reaches no target (a tree node with nothing to predict) still runs its
 layers' backward hooks. Autograd runs a backward's nodes latest-first, so the layers' backward
 collectives come forward by forward (the last first), each from the top layer down: the same sequence
-on every rank. Each backward reduce-scatters (sums) its gradients into the sharded ``.grad``; no
-unsharded gradient outlives it.
+on every rank. Each backward reduce-scatters (sums) its gradients into the sharded ``.grad``, each
+forward's share after that forward's own backward (:func:`memorywalker.train.fsdp.reduce_per_forward`):
+no layer's unsharded gradient outlives its backward.
 
 Per step that is one tiny all-reduce per pass, plus, per forward with grad on the rank with the most: one
 all-gather of each layer in forward, one in backward and one reduce-scatter — the FSDP price of a

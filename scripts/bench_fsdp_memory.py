@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, help="build a random kit-architecture model of this width")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--intermediate", type=int, help="MLP width (default 2 x hidden)")
+    ap.add_argument("--vocab-size", type=int, help="with --hidden: a real model's vocabulary (e.g. 151936; default the kit's)")
     ap.add_argument("--calls", type=lambda v: [int(x) for x in v.split(",")], default=[2, 8, 14, 20],
                     help="calls per episode, cycled over the batch (default 2,8,14,20)")
     ap.add_argument("--activation-checkpointing", action="store_true", help="under both ddp and fsdp")
@@ -104,7 +105,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         if args.hidden:
             args.model = str(build_model(f"{out}/model", tok, hidden_size=args.hidden, num_layers=args.layers,
-                                         intermediate_size=args.intermediate))
+                                         intermediate_size=args.intermediate, vocab_size=args.vocab_size))
         n = AutoConfig.from_pretrained(args.model)
         with torch.device("meta"):
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(n).parameters())

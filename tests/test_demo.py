@@ -26,7 +26,7 @@ from memorywalker.rollout import HarnessConfig, VaultEnv, VaultExpert, rollout
 TINY = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, pretrain_far_steps=2, warm_episodes=8, warm_summaries=2, warm_steps=2,
                warm_check_every=1, warm_check_episodes=2, warm_copy_target=0.0, warm_summary_target=0.0,
                sft_episodes=8, sft_steps=2, rl_steps=1, rl_prompts=1, rl_group=2, eval_tasks=2, max_steps=3,
-               max_new_tokens=24, methods=("radix", *METHODS))
+               max_new_tokens=24, methods=("radix", *METHODS), rl_methods=("radix", "tree-mask", "dfs", "rightmost"))
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +40,37 @@ def test_outputs_are_written(demo):
     out, doc = demo
     saved = json.loads((out / "results.json").read_text())
     assert list(saved["methods"]) == list(TINY.methods)
-    for r in saved["methods"].values():
-        for stage in ("sft", "rl"):
+    for m, r in saved["methods"].items():
+        stages = ("sft", "rl") if m in TINY.rl_methods else ("sft",)
+        assert [s for s in ("sft", "rl", "rl_steps") if s in r] == [*stages, *(["rl_steps"] if "rl" in stages else [])]
+        assert list(r["seconds"]) == [f"{s}{e}" for s in map(str.upper, stages) for e in ("", " eval")]
+        for stage in stages:
             for h in TINY.harnesses:
                 ev = r[stage][h]
                 assert len(ev["rewards"]) == TINY.eval_tasks and all(0.0 <= x <= 1.0 for x in ev["rewards"])
-        assert len(r["rl_steps"]["reward_mean"]) == TINY.rl_steps
+        if "rl" in stages:
+            assert len(r["rl_steps"]["reward_mean"]) == TINY.rl_steps
+    assert list(saved["stage_seconds"]) == ["kit", "pretraining", "expert episodes", "warm start",
+                                            "methods (side by side)", "report"]
+    assert sum(saved["stage_seconds"].values()) <= saved["seconds_total"]
     for name in ("reward.png", "gap_by_branches.png", "gap_over_steps.png", "index.html", "table.md"):
         assert (out / name).stat().st_size > 0
     assert (out / "table.md").read_text().strip() == results_table(doc).strip()
+
+
+def test_a_method_without_grpo_has_its_sft_row_and_dashes(demo):
+    """sdcc is not in TINY's rl_methods: its reward rows show the SFT mean and "—" for the RL cells, its
+    gap row is its SFT model's, and the conclusions need no RL of it."""
+    _, doc = demo
+    table = results_table(doc)
+    for h in TINY.harnesses:
+        row = doc["summary"][h]["sdcc"]
+        assert set(row) == {"sft", f"sft_vs_{REFERENCE}"}
+        assert f"| `sdcc` | {row['sft'][0]:.3f} [" in table
+    assert table.count("| `sdcc` |") == 3 and "| `sdcc` | SFT |" in table
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+             if line.startswith("| `sdcc` |") and "SFT" not in line]
+    assert len(cells) == 2 and all([c[2], c[3], c[5]] == ["—"] * 3 for c in cells)  # after RL, RL − SFT, RL − ref
 
 
 def test_warm_start_runs_every_step_and_checks_act_calls_and_summaries(demo):
@@ -103,7 +125,8 @@ def test_methods_side_by_side_give_the_numbers_of_one_process(demo, tmp_path):
     alone = run_demo(replace(TINY, workers=1, methods=("tree-mask", "sdcc")), tmp_path, progress=False,
                      log=lambda s: None)
     for m in ("tree-mask", "sdcc"):
-        for key in ("sft", "rl", "sft_loss", "rl_steps"):
+        assert ("rl" in alone["methods"][m]) == (m in TINY.rl_methods)
+        for key in (k for k in ("sft", "rl", "sft_loss", "rl_steps") if k in alone["methods"][m]):
             assert json.dumps(alone["methods"][m][key]) == json.dumps(doc["methods"][m][key]), (m, key)
 
 

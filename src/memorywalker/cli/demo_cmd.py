@@ -29,6 +29,7 @@ def demo(
         readme_table,
         results_table,
         seeds_table,
+        times_table,
     )
     from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds  # lazy: as above
 
@@ -56,7 +57,8 @@ def demo(
     table = results_table(doc)
     print()
     print(table)
-    print(f"\nwrote {out / 'results.json'}, {out / 'table.md'}, {out / 'index.html'} ({doc['seconds_total']:.0f} s)")
+    print(f"\nwrote {out / 'results.json'}, {out / 'table.md'}, {out / 'index.html'}")
+    print("\nTime per stage (wall; the methods run side by side, each line its own worker):\n\n" + times_table(doc))
     if check_readme is not None:
         name = "quick" if quick else "full"
         quoted = readme_table(check_readme.read_text(encoding="utf-8"), name)  # ValueError: one line, exit 2

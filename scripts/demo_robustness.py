@@ -56,8 +56,8 @@ def row(seed: int, threads: str, doc: dict) -> dict:
             "pretrain_copy_accuracy": doc["pretrain_copy_accuracy"], "warm_steps": doc["warm_steps"],
             "pretrain_near": (doc.get("pretrain_near_checks") or [None])[-1],
             "warm_check": (doc.get("warm_copy_checks") or [None])[-1],
-            "reward": {stage: {h: {m: v[stage][0] for m, v in ms.items()} for h, ms in doc["summary"].items()}
-                       for stage in ("sft", "rl")},
+            "reward": {stage: {h: {m: v[stage][0] for m, v in ms.items() if stage in v}
+                               for h, ms in doc["summary"].items()} for stage in ("sft", "rl")},
             "claims": claims(doc)}
 
 
@@ -77,16 +77,15 @@ def per_seed_table(rows: list[dict]) -> str:
         return " / ".join(f"{r['reward'][stage][h][m]:.3f}" for m in methods if m in r["reward"][stage][h])
 
     head = ["seed", "threads", "pretraining: near steps (check); far rows", "warm start: act calls / summaries",
-            "pretraining copies", "warm start copies", "tree-mask > dfs", "tree-mask > rightmost",
-            "RL − SFT ≥ 0 (tree-mask)", "SFT under `claude-code`: tree-mask / dfs / rightmost",
-            "tree-mask after RL", "SFT under `opencode`: tree-mask / dfs / rightmost", "wall"]
+            *(c["claim"] for c in rows[0]["claims"]), "SFT under `claude-code`: tree-mask / dfs / rightmost",
+            "after RL under `claude-code`: tree-mask / rightmost", "SFT under `opencode`: tree-mask / dfs / rightmost", "wall"]
     body = []
     for r in rows:
         step, acc = r["pretrain_near"]
         body.append([str(r["seed"]), r["threads"], f"{step} ({acc:.3f}); {r['pretrain_copy_accuracy']:.3f} far",
                      " / ".join(f"{a:.3f}" for a in r["warm_check"][1:]),
                      *("holds" if c["holds"] else "**fails**" for c in r["claims"]),
-                     rewards(r, "sft", "claude-code"), rewards(r, "rl", "claude-code", ("tree-mask",)),
+                     rewards(r, "sft", "claude-code"), rewards(r, "rl", "claude-code", ("tree-mask", "rightmost")),
                      rewards(r, "sft", "opencode"), f"{r['seconds'] / 60:.1f} min"])
     return markdown_table(head, body)
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from memorywalker.metrics.report import claims, markdown_table
+from memorywalker.metrics.seeds import check_run, headline, run_summary
 from memorywalker.recipes.demo import FULL, QUICK, DemoConfig
 
 REDUCED = replace(FULL, warm_episodes=1200, warm_summaries=600, sft_episodes=240, sft_steps=40, rl_steps=12,
@@ -90,14 +91,29 @@ def per_seed_table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
+def leave_one_out(runs: list[dict]) -> str:
+    """Each run judged by ``memorywalker demo --check-readme``'s rule against the headline of the others:
+    how the rule treats a run it has not seen (another seed, or this one on another CPU)."""
+    if len(runs) < 3:
+        return "Leave-one-out: needs 3 runs or more."
+    lines = []
+    for k, r in enumerate(runs):
+        differences = check_run(headline(runs[:k] + runs[k + 1:]), r)
+        lines.append(f"* seed {r['seed']}: " + ("passes" if not differences else "; ".join(differences)))
+    held = sum(line.endswith("passes") for line in lines)
+    return f"Leave-one-out: {held} of {len(runs)} runs pass against the other runs' headline.\n\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--threads", default="default,1", help="comma-separated: default and/or thread counts")
     p.add_argument("--size", choices=sorted(SIZES), default="full")
     p.add_argument("--out", type=Path, default=Path("runs/robustness"))
+    p.add_argument("--record", type=Path, help="also write the runs' summaries under --size in this JSON file "
+                   "(docs/demo-seeds.json: what the README's headline and tests/test_demo_seeds.py read)")
     a = p.parse_args(argv)
-    rows = []
+    rows, docs = [], []
     a.out.mkdir(parents=True, exist_ok=True)
     for seed in (int(s) for s in a.seeds.split(",")):
         for threads in a.threads.split(","):
@@ -109,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc = done  # this run, done before: not run again
             else:
                 doc = run_one(cfg, out, threads)
+            docs.append(doc)
             rows.append(row(seed, threads, doc))
             verdict = ", ".join(("holds" if c["holds"] else "FAILS") for c in rows[-1]["claims"])
             print(f"seed {seed} threads {threads}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -117,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
             (a.out / "robustness.md").write_text(table(rows) + "\n")
             (a.out / "per-seed.md").write_text(per_seed_table(rows) + "\n")
     print(table(rows))
+    summaries = [run_summary(d) for d in docs]
+    (a.out / "seeds.json").write_text(json.dumps({"runs": summaries}, indent=2))
+    (a.out / "seeds.md").write_text(headline(summaries) + "\n\n" + leave_one_out(summaries) + "\n")
+    print("\n" + headline(summaries) + "\n\n" + leave_one_out(summaries))
+    if a.record is not None:
+        record = json.loads(a.record.read_text()) if a.record.exists() else {}
+        record[a.size] = {"command": "python scripts/demo_robustness.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                          "runs": summaries}
+        a.record.write_text(json.dumps(record, indent=2) + "\n")
     return 0 if all(c["holds"] for r in rows for c in r["claims"]) else 1
 
 

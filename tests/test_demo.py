@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memorywalker.metrics.report import REFERENCE, claims, readme_differences, readme_table, results_table
+from memorywalker.metrics.report import REFERENCE, claims, results_table
 from memorywalker.recipes.demo import METHODS, QUICK, run_demo
 from memorywalker.recipes.warm import copy_check, summary_call_records
 from memorywalker.records import check_trajectory
@@ -128,39 +128,6 @@ def test_methods_side_by_side_give_the_numbers_of_one_process(demo, tmp_path):
         assert ("rl" in alone["methods"][m]) == (m in TINY.rl_methods)
         for key in (k for k in ("sft", "rl", "sft_loss", "rl_steps") if k in alone["methods"][m]):
             assert json.dumps(alone["methods"][m][key]) == json.dumps(doc["methods"][m][key]), (m, key)
-
-
-def test_readme_comparison_reads_conclusions_and_means_back_from_the_table(demo):
-    """A run agrees with its own table; moving one mean by 0.2 (tolerance 0.15) or flipping one verdict in
-    the quoted text is each reported once, naming what differs."""
-    _, doc = demo
-    table = results_table(doc)
-    assert readme_differences(table, doc) == []
-    h, m = TINY.harnesses[0], REFERENCE
-    mean = doc["summary"][h][m]["sft"][0]
-    row = next(line for line in table.splitlines() if line.startswith(f"| `{m}` | {mean:.3f}"))
-    moved = table.replace(row, row.replace(f"| `{m}` | {mean:.3f}", f"| `{m}` | {mean + 0.2:.3f}", 1), 1)
-    assert readme_differences(moved, doc) == [
-        f"{h}, {m} after SFT: {mean:.3f} here, {mean + 0.2:.3f} in the README (tolerance 0.15)"]
-    first = claims(doc)[0]
-    verdict = "holds" if first["holds"] else "**does not hold**"
-    other = "**does not hold**" if first["holds"] else "holds"
-    flipped = table.replace(f"| {first['claim']} | {verdict} |", f"| {first['claim']} | {other} |", 1)
-    (diff,) = readme_differences(flipped, doc)
-    assert diff.startswith(first["claim"] + ": ")
-    # Without the second harness's reward table, each of its methods is reported as missing.
-    blocks = table.split("\n\n")
-    h2 = TINY.harnesses[1]
-    start = blocks.index(next(b for b in blocks if b.startswith(f"Held-out reward under `{h2}`")))
-    cut = "\n\n".join(blocks[:start] + blocks[start + 2:])
-    assert readme_differences(cut, doc) == [f"{h2}, {m}: no reward row in the README" for m in doc["summary"][h2]]
-
-
-def test_readme_table_block_is_found_and_compared_verbatim():
-    readme = "intro\n<!-- demo-table:quick begin -->\n| a | b |\n<!-- demo-table:quick end -->\n"
-    assert readme_table(readme, "quick") == "| a | b |"
-    with pytest.raises(ValueError, match="demo-table:full"):
-        readme_table(readme, "full")
 
 
 def test_summary_call_records_are_the_summarization_calls_as_delivered(tokenizer, renderer):

@@ -2,39 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import typer
 
+from memorywalker.errors import InputError
+
 
 def demo(
     quick: bool = typer.Option(False, "--quick", help="A smaller run (under 4 minutes on 2 CPU cores)."),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Output directory."),
     seed: int = typer.Option(0, help="Seed of everything (model, data, sampling); the first of --seeds."),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report mean and sd of each method's reward."),
-    check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, compare its conclusions "
-                                             "and mean rewards with the table this README quotes (exit 1 when a "
-                                             "conclusion differs or a mean is more than 0.15 away)."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report on how many runs each conclusion "
+                              "holds and each method's reward over runs (the README's headline)."),
+    check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, judge it against the "
+                                             "headline over seeds this README quotes (exit 1 when a conclusion "
+                                             "that holds on every run there fails here, or a mean reward is out "
+                                             "of reach: metrics/seeds.py)."),
+    results: Path | None = typer.Option(None, "--results", help="With --check-readme: judge this finished run "
+                                        "(its directory or results.json) instead of running one."),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: the "
                                        "reference exact method and every non-exact one; the other exact methods "
                                        "train what it trains)."),
 ):
-    """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO each
-    from its SFT checkpoint, and compare held-out reward (with intervals) and the train/rollout gap."""
-    from memorywalker.metrics.report import (  # lazy: the command's machinery (torch), only when it runs
-        READ_TOLERANCE,
-        readme_differences,
-        readme_table,
-        results_table,
-        seeds_table,
-        times_table,
-    )
+    """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO the
+    methods that show something under it from their SFT checkpoints, and compare held-out reward (with
+    intervals) and the train/rollout gap."""
+    from memorywalker.metrics.report import results_table, times_table  # lazy: the machinery (torch), when it runs
+    from memorywalker.metrics.seeds import check_run, headline, readme_block, run_summary  # lazy: as above
     from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds  # lazy: as above
 
+    name = "quick" if quick else "full"
     if seeds > 1 and check_readme is not None:
-        raise typer.BadParameter("--check-readme compares a single run with the README; drop --seeds")
+        raise typer.BadParameter("--check-readme judges a single run against the README; drop --seeds")
+    if results is not None and check_readme is None:
+        raise typer.BadParameter("--results names a run for --check-readme to judge; add --check-readme README.md")
+    quoted = None
+    if check_readme is not None:  # read first: a README without the block fails before a 15-minute run
+        quoted = readme_block(check_readme.read_text(encoding="utf-8"), name)
     cfg = replace(QUICK if quick else FULL, seed=seed)
     if methods is not None:
         from memorywalker.engine.methods import parse_methods  # lazy: as above
@@ -47,30 +55,36 @@ def demo(
             raise typer.BadParameter("--check-readme compares the default methods with the README; drop --methods")
         cfg = replace(cfg, methods=chosen)
     log = lambda s: print(s, flush=True)  # noqa: E731
-    if seeds > 1:
-        doc = run_seeds(cfg, out, seeds, progress=sys.stderr.isatty(), log=log)
-        print()
-        print(seeds_table(doc))
-        print(f"\nwrote {out / 'seeds.json'} and one directory per seed")
+    if results is not None:
+        doc = _read_results(results)
+    elif seeds > 1:
+        runs = [run_summary(d) for d in run_seeds(cfg, out, seeds, progress=sys.stderr.isatty(), log=log)]
+        print("\n" + headline(runs))
+        print(f"\nwrote {out / 'seeds.json'}, {out / 'seeds.md'} and one directory per seed")
         return
-    doc = run_demo(cfg, out, progress=sys.stderr.isatty(), log=log)
-    table = results_table(doc)
-    print()
-    print(table)
-    print(f"\nwrote {out / 'results.json'}, {out / 'table.md'}, {out / 'index.html'}")
-    print("\nTime per stage (wall; the methods run side by side, each line its own worker):\n\n" + times_table(doc))
-    if check_readme is not None:
-        name = "quick" if quick else "full"
-        quoted = readme_table(check_readme.read_text(encoding="utf-8"), name)  # ValueError: one line, exit 2
-        differences = readme_differences(quoted, doc)
+    else:
+        doc = run_demo(cfg, out, progress=sys.stderr.isatty(), log=log)
+        print("\n" + results_table(doc))
+        print(f"\nwrote {out / 'results.json'}, {out / 'table.md'}, {out / 'index.html'}")
+        print("\nTime per stage (wall; the methods run side by side, each line its own worker):\n\n" + times_table(doc))
+    if quoted is not None:
+        differences = check_run(quoted, run_summary(doc))
         for d in differences:
             print(f"  {d}")
         if differences:
             typer.echo(f"memorywalker demo: error: {check_readme}: {len(differences)} differences from the {name} "
-                       f"demo table ({out / 'table.md'})", err=True)
+                       f"demo's headline over seeds", err=True)
             raise typer.Exit(1)
-        print(f"{check_readme}: this run's conclusions are the {name} demo table's, and every mean reward is "
-              f"within {READ_TOLERANCE} of it")
+        print(f"{check_readme}: every conclusion that holds on every run there holds here, and every mean reward "
+              f"is within the {name} headline's reach")
+
+
+def _read_results(path: Path) -> dict:
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a demo's results.json ({e})") from None
 
 
 def register(app: typer.Typer) -> None:

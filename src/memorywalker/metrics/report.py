@@ -14,14 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from memorywalker.engine.methods import NAIVE, get_method, method_names
-from memorywalker.errors import InputError
 from memorywalker.metrics.gap import fmt_metric as _fmt
 from memorywalker.metrics.stats import paired_bootstrap
 
 REFERENCE = "tree-mask"  # paired differences are against this exact method
 STAGES = ("sft", "rl")
-README_BEGIN = "<!-- demo-table:{name} begin -->"
-README_END = "<!-- demo-table:{name} end -->"
 
 
 def summarize(doc: dict) -> dict:
@@ -297,99 +294,3 @@ def write_report(doc: dict, out: Path) -> None:
 <p>Raw numbers: <a href="results.json">results.json</a>.</p>
 </body></html>
 """)
-
-
-def aggregate_seeds(docs: list[dict]) -> dict:
-    """Mean and sample sd over seeds of each method's mean held-out reward, per harness and stage.
-
-    >>> one = lambda seed, r: {"config": {"seed": seed, "harnesses": ["h"]},
-    ...                        "methods": {"m": {"sft": {"h": {"rewards": r}}, "rl": {"h": {"rewards": r}}}}}
-    >>> agg = aggregate_seeds([one(0, [0.0, 1.0]), one(1, [1.0, 1.0])])  # per-seed means 0.5 and 1.0
-    >>> agg["reward"]["h"]["m"]["sft"]["mean"], round(agg["reward"]["h"]["m"]["sft"]["sd"], 4)
-    (0.75, 0.3536)
-    """
-    agg: dict[str, dict] = {}
-    for h in docs[0]["config"]["harnesses"]:
-        agg[h] = {}
-        for m in docs[0]["methods"]:
-            agg[h][m] = {}
-            for stage in ("sft", "rl"):
-                means = [float(np.mean(d["methods"][m][stage][h]["rewards"])) for d in docs]
-                mean, sd = mean_sd(means)
-                agg[h][m][stage] = {"mean": mean, "sd": sd, "per_seed": means}
-    return {"seeds": [d["config"]["seed"] for d in docs], "reward": agg}
-
-
-def seeds_table(doc: dict) -> str:
-    """Each method's held-out reward per seed and its mean ± sd over seeds (Markdown), per harness.
-
-    >>> one = lambda seed, r: {"config": {"seed": seed, "harnesses": ["h"]},
-    ...                        "methods": {"m": {"sft": {"h": {"rewards": r}}, "rl": {"h": {"rewards": r}}}}}
-    >>> print(seeds_table(aggregate_seeds([one(0, [0.0, 1.0]), one(1, [1.0, 1.0])])).splitlines()[-1])
-    | `m` | 0.500 | 1.000 | 0.750 ± 0.354 | 0.500 | 1.000 | 0.750 ± 0.354 |
-    """
-    out = []
-    for h, rows in doc["reward"].items():
-        columns = [*(f"seed {s}" for s in doc["seeds"]), "mean ± sd"]
-        head = ["method", *(f"{stage}, {c}" for stage in ("SFT", "RL") for c in columns)]
-        body = []
-        for m, r in rows.items():
-            cells = [[*(f"{x:.3f}" for x in r[s]["per_seed"]), f"{r[s]['mean']:.3f} ± {r[s]['sd']:.3f}"]
-                     for s in ("sft", "rl")]
-            body.append([f"`{m}`", *cells[0], *cells[1]])
-        out.append(f"Held-out reward under `{h}` (mean over the held-out tasks per seed; mean ± sd over seeds "
-                   f"{doc['seeds']}):\n\n" + markdown_table(head, body))
-    return "\n\n".join(out)
-
-
-READ_TOLERANCE = 0.15  # |this run's mean reward − the README's|, per method, harness and stage (docs/demo-robustness.md)
-
-
-def readme_differences(quoted: str, doc: dict, tolerance: float = READ_TOLERANCE) -> list[str]:
-    """How this run disagrees with a README's demo table (``quoted``): a conclusion whose verdict differs
-    (or that the README lacks), and a mean held-out reward more than ``tolerance`` from the README's.
-    Empty when they agree. Another machine or thread count rounds differently, so bytes are not compared.
-    """
-    verdicts = {}
-    rewards: dict[tuple[str, str], list[float]] = {}
-    harness = None
-    for line in quoted.splitlines():
-        if line.startswith("Held-out reward under `"):
-            harness = line.split("`")[1]
-        elif line.strip() and not line.startswith("|"):
-            harness = None  # another table's heading (the gap, SDCC): its rows are not rewards
-        if not line.startswith("| ") or line.startswith("| method") or line.startswith("| conclusion"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[1] in VERDICT.values():
-            verdicts[cells[0]] = cells[1] == VERDICT[True]
-        elif harness is not None and cells[0].startswith("`") and len(cells) >= 3:
-            try:
-                rewards[(harness, cells[0].strip("`"))] = [float(c.split()[0]) for c in cells[1:3]]
-            except ValueError:
-                continue  # a row whose cells are not numbers: not a reward row
-    out = []
-    for c in claims(doc):
-        if c["claim"] not in verdicts:
-            out.append(f"{c['claim']}: not stated in the README")
-        elif verdicts[c["claim"]] != c["holds"]:
-            out.append(f"{c['claim']}: {'holds' if c['holds'] else 'does not hold'} here, "
-                       f"{'holds' if verdicts[c['claim']] else 'does not hold'} in the README")
-    for h in doc["config"]["harnesses"]:
-        for m, row in doc["summary"][h].items():
-            if (h, m) not in rewards:
-                out.append(f"{h}, {m}: no reward row in the README")
-                continue
-            for stage, name, theirs in zip(("sft", "rl"), ("SFT", "RL"), rewards[(h, m)], strict=True):
-                if abs(row[stage][0] - theirs) > tolerance:
-                    out.append(f"{h}, {m} after {name}: {row[stage][0]:.3f} here, {theirs:.3f} in the README "
-                               f"(tolerance {tolerance:.2f})")
-    return out
-
-
-def readme_table(readme: str, name: str) -> str:
-    """The table the README quotes between its ``demo-table:NAME`` markers (``full`` or ``quick``)."""
-    begin, end = README_BEGIN.format(name=name), README_END.format(name=name)
-    if begin not in readme or end not in readme:
-        raise InputError(f"README has no {begin} ... {end} block")
-    return readme.split(begin, 1)[1].split(end, 1)[0].strip()

@@ -52,8 +52,9 @@ from tqdm import tqdm
 
 from memorywalker.engine.methods import EXACT, get_method, method_names
 from memorywalker.eval.evaluate import heldout
-from memorywalker.metrics.report import REFERENCE, aggregate_seeds, summarize, write_report
+from memorywalker.metrics.report import REFERENCE, summarize, write_report
 from memorywalker.metrics.report import number as _num
+from memorywalker.metrics.seeds import headline, machine, run_summary
 from memorywalker.modelkit import build_model, build_tokenizer, bundled_corpus
 from memorywalker.recipes.warm import warm_start
 from memorywalker.records import read_trajectories, write_trajectories
@@ -224,7 +225,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     seconds["methods (side by side)"] = round(time.perf_counter() - t_methods, 1)
 
     results = {m: results[m] for m in cfg.methods}  # the table's order, not the schedule's
-    doc = {"config": asdict(cfg), **{k: v for k, v in prep.items() if k != "warm_dir"}, "methods": results}
+    doc = {"config": asdict(cfg), "machine": machine(), **{k: v for k, v in prep.items() if k != "warm_dir"},
+           "methods": results}
     doc["summary"] = summarize(doc)
     t_report = time.perf_counter()
     write_report(doc, out)
@@ -340,15 +342,17 @@ def _threads(n: int):
         torch.set_num_threads(before)
 
 
-def run_seeds(cfg: DemoConfig, out: str | Path, seeds: int, *, progress: bool = True, log=print) -> dict:
-    """``run_demo`` for seeds ``cfg.seed .. cfg.seed + seeds - 1`` (each in ``out/seed-S``), aggregated by
-    :func:`aggregate_seeds` into ``out/seeds.json``."""
+def run_seeds(cfg: DemoConfig, out: str | Path, seeds: int, *, progress: bool = True, log=print) -> list[dict]:
+    """``run_demo`` for seeds ``cfg.seed .. cfg.seed + seeds - 1`` (each in ``out/seed-S``); writes their
+    :func:`~memorywalker.metrics.seeds.run_summary` to ``out/seeds.json`` and the headline over them to
+    ``out/seeds.md``. Returns the runs' results."""
     out = Path(out)
     docs = [run_demo(replace(cfg, seed=cfg.seed + k), out / f"seed-{cfg.seed + k}", progress=progress, log=log)
             for k in range(seeds)]
-    doc = aggregate_seeds(docs)
-    (out / "seeds.json").write_text(json.dumps(doc, indent=2))
-    return doc
+    runs = [run_summary(d) for d in docs]
+    (out / "seeds.json").write_text(json.dumps({"runs": runs}, indent=2))
+    (out / "seeds.md").write_text(headline(runs) + "\n")
+    return docs
 
 
 def _max_tokens(cfg: DemoConfig, method: str) -> int:

@@ -1,0 +1,189 @@
+"""The demo over seeds: the README's headline, and the check of one run against it.
+
+One run of the demo is one draw. Its intervals are a bootstrap over its 64 held-out tasks and say
+nothing about the seed, and another CPU or thread count rounds the pretraining differently, after which
+the trajectory is another seed's (docs/demo-robustness.md). So the README states what holds over seeds
+(:func:`headline`: per conclusion on how many runs it holds, per method, harness and stage the mean over
+runs with a t-interval, the range and the sd), and ``memorywalker demo --check-readme README.md`` judges
+a run by what any machine can produce (:func:`check_run`):
+
+* a conclusion the README says holds on every run must hold on this one; one that failed on some run is
+  reported there, not checked;
+* each mean reward must be reachable: the run's 95 % interval over tasks must meet the README's range
+  over runs widened by :data:`WIDEN` between-run sds on each side. A range alone is too narrow: a sixth
+  draw falls inside the range of five with probability 4/6, inside it widened by 1.5 sd with 0.93 (normal
+  draws, simulated), and the run's own interval (about ±0.1 at 64 tasks) widens it further.
+
+A run is summarized by :func:`run_summary` (what ``docs/demo-seeds.json`` records per seed).
+
+>>> _range(0.2, 0.7)
+'0.200–0.700'
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections import Counter
+from pathlib import Path
+
+from scipy import stats
+
+from memorywalker.errors import InputError
+from memorywalker.metrics.report import STAGES, claims, markdown_table, mean_sd
+
+WIDEN = 1.5  # between-run sds added on each side of the README's range (module docstring)
+BEGIN, END = "<!-- demo-seeds:{name} begin -->", "<!-- demo-seeds:{name} end -->"
+_REWARD_HEAD = "Held-out reward under `"
+
+
+def machine() -> dict:
+    """The CPU, the cores this process may use and its torch threads: where a run's numbers came from."""
+    import torch  # lazy: only when a run records its machine
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):  # not Linux: platform's word for it
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cores": cores, "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def run_summary(doc: dict) -> dict:
+    """What the headline and the check read of one run (a ``results.json`` document): its seed, machine
+    and wall time, its conclusions and, per harness, method and stage, ``[mean, low, high]`` of its
+    held-out reward (bootstrap 95 % interval over tasks)."""
+    return {"seed": doc["config"]["seed"], "machine": doc.get("machine"), "seconds": doc.get("seconds_total"),
+            "stage_seconds": doc.get("stage_seconds"), "claims": claims(doc),
+            "reward": {h: {m: {s: [float(x) for x in row[s]] for s in STAGES if s in row} for m, row in rows.items()}
+                       for h, rows in doc["summary"].items()}}
+
+
+def headline(runs: list[dict]) -> str:
+    """The README's headline over ``runs`` (:func:`run_summary` dicts) in Markdown: the conclusions with on
+    how many runs each holds, then per harness each method's mean reward over runs [t 95 % interval over
+    runs], range and sd, after SFT and after RL.
+
+    >>> run = lambda seed, r, holds: {"seed": seed, "claims": [{"claim": "c", "holds": holds, "evidence": "e"}],
+    ...                               "reward": {"h": {"m": {"sft": [r, r - 0.1, r + 0.1]}}}}
+    >>> print(headline([run(0, 0.5, True), run(1, 0.7, False)]))  # doctest: +NORMALIZE_WHITESPACE
+    Conclusions over 2 runs (seeds 0, 1; 2 on a machine not recorded):
+    <BLANKLINE>
+    | conclusion | holds on | `--check-readme` | where it fails |
+    |---|---|---|---|
+    | c | 1 of 2 runs | reported | seed 1: e |
+    <BLANKLINE>
+    Held-out reward under `h` over 2 runs (mean of the runs' means [t 95 % interval over runs]; range; sd):
+    <BLANKLINE>
+    | method | after SFT | SFT range | SFT sd | after RL | RL range | RL sd |
+    |---|---|---|---|---|---|---|
+    | `m` | 0.600 [-0.671, 1.871] | 0.500–0.700 | 0.141 | — | — | — |
+    """
+    n = len(runs)
+    seeds = ", ".join(str(r["seed"]) for r in runs)
+    names = list(dict.fromkeys(c["claim"] for r in runs for c in r["claims"]))
+    body = []
+    for name in names:
+        verdicts = [(r["seed"], next((c for c in r["claims"] if c["claim"] == name), None)) for r in runs]
+        held = sum(c is not None and c["holds"] for _, c in verdicts)
+        fails = "; ".join(f"seed {s}: " + (c["evidence"] if c else "not measured") for s, c in verdicts
+                          if c is None or not c["holds"])
+        body.append([name, f"{held} of {n} runs", "must hold" if held == n else "reported", fails or "—"])
+    where = Counter(f"{m['cpu']}, {m['cores']} cores" if (m := r.get("machine")) else "a machine not recorded"
+                    for r in runs)
+    out = [f"Conclusions over {n} runs (seeds {seeds}; {', '.join(f'{k} on {w}' for w, k in where.items())}):\n\n"
+           + markdown_table(["conclusion", "holds on", "`--check-readme`", "where it fails"], body)]
+    for h in runs[0]["reward"]:
+        body = []
+        for m in runs[0]["reward"][h]:
+            cells = [f"`{m}`"]
+            for s in STAGES:
+                means = [r["reward"][h][m][s][0] for r in runs if s in r["reward"][h].get(m, {})]
+                if len(means) < n:  # a stage some run lacks (no GRPO): not summarized
+                    cells += ["—"] * 3
+                    continue
+                mean, sd = mean_sd(means)
+                sd = sd if n > 1 else 0.0  # one run: no spread to widen by
+                half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
+                interval = f" [{mean - half:.3f}, {mean + half:.3f}]" if n > 1 else ""
+                cells += [f"{mean:.3f}{interval}", _range(min(means), max(means)), f"{sd:.3f}"]
+            body.append(cells)
+        head = ["method", *(f"{k}{s.upper()}{v}" for s in STAGES for k, v in (("after ", ""), ("", " range"),
+                                                                               ("", " sd")))]
+        out.append(f"{_REWARD_HEAD}{h}` over {n} runs (mean of the runs' means [t 95 % interval over runs]; range; "
+                   f"sd):\n\n" + markdown_table(head, body))
+    return "\n\n".join(out)
+
+
+def check_run(block: str, run: dict, *, partial: bool = False) -> list[str]:
+    """How ``run`` (a :func:`run_summary` dict) disagrees with a README headline (``block``, what
+    :func:`headline` wrote): a conclusion that holds on every run there and not here, and a mean reward
+    whose interval misses the range widened by :data:`WIDEN` sds (module docstring). Without ``partial``
+    the run must also measure everything the headline states, and state nothing it lacks; with it (numbers
+    quoted from a log or an issue) only what the run has is judged. Empty when they agree.
+    """
+    conclusions, ranges = parse_headline(block)
+    out = []
+    mine = {c["claim"]: c for c in run["claims"]}
+    for name, (held, n) in conclusions.items():
+        c = mine.get(name)
+        if c is None:
+            if not partial:
+                out.append(f"{name}: not measured by this run")
+        elif held == n and not c["holds"]:
+            out.append(f"{name}: does not hold here ({c['evidence']}); it held on all {n} runs in the README")
+    out += [f"{name}: not in the README" for name in mine if name not in conclusions and not partial]
+    for (h, m, s), (low, high, sd) in ranges.items():
+        have = run["reward"].get(h, {}).get(m, {}).get(s)
+        if have is None:
+            if not partial:
+                out.append(f"{h}, {m} after {s.upper()}: not measured by this run")
+            continue
+        mean, lo, hi = have
+        a, b = low - WIDEN * sd, high + WIDEN * sd
+        if hi < a or lo > b:
+            out.append(f"{h}, {m} after {s.upper()}: {mean:.3f} [{lo:.3f}, {hi:.3f}] here, outside the README's "
+                       f"range {_range(low, high)} widened by {WIDEN} sd ({sd:.3f}) to {_range(a, b)}")
+    if not partial:
+        out += [f"{h}, {m} after {s.upper()}: not in the README" for h, rows in run["reward"].items()
+                for m, row in rows.items() for s in row if (h, m, s) not in ranges]
+    return out
+
+
+def parse_headline(block: str) -> tuple[dict[str, tuple[int, int]], dict[tuple[str, str, str], tuple[float, ...]]]:
+    """Read back what :func:`headline` wrote: ``{conclusion: (held, runs)}`` and ``{(harness, method,
+    stage): (low, high, sd)}``."""
+    conclusions, ranges, harness = {}, {}, None
+    for line in block.splitlines():
+        if line.startswith(_REWARD_HEAD):
+            harness = line.split("`")[1]
+        if not line.startswith("| ") or line.startswith(("| conclusion", "| method")):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if harness is None and len(cells) == 4 and cells[1].endswith(" runs"):
+            held, _, n, _ = cells[1].split()
+            conclusions[cells[0]] = (int(held), int(n))
+        elif harness is not None and len(cells) == 1 + 3 * len(STAGES):
+            for k, s in enumerate(STAGES):
+                spread, sd = cells[2 + 3 * k], cells[3 + 3 * k]
+                if spread != "—":
+                    low, high = (float(x) for x in spread.split("–"))
+                    ranges[(harness, cells[0].strip("`"), s)] = (low, high, float(sd))
+    if not conclusions or not ranges:
+        raise InputError("the README's demo headline has no conclusions table or no reward table")
+    return conclusions, ranges
+
+
+def readme_block(readme: str, name: str) -> str:
+    """The headline the README quotes between its ``demo-seeds:NAME`` markers (``full`` or ``quick``)."""
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    if begin not in readme or end not in readme:
+        raise InputError(f"README has no {begin} ... {end} block")
+    return readme.split(begin, 1)[1].split(end, 1)[0].strip()
+
+
+def _range(low: float, high: float) -> str:
+    return f"{low:.3f}–{high:.3f}"

@@ -190,3 +190,41 @@ def test_copy_check_scores_the_code_tokens_of_the_responses(tmp_path):
     assert len(spaced) > len(said) and all(len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1
                                            for w in spaced)
     assert copy_check(constant, tok, episodes, (*NAMES, *CODES)) == pytest.approx(spaced.count(code) / len(spaced))
+
+
+def test_check_readme_judges_a_finished_run_by_the_headline(demo, tmp_path):
+    """``demo --check-readme R --results DIR`` judges the fixture's run without rerunning it: against a
+    headline of that one run it passes (exit 0); against one that says a conclusion the run fails held on
+    every run, and that tree-mask's SFT mean sat 0.5 above this run's interval, it names both (exit 1, one
+    line on stderr; each conclusion the run fails is named too); --results without --check-readme and a README without the block are usage errors."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+    from memorywalker.metrics.seeds import headline, run_summary
+
+    out, doc = demo
+    runner = CliRunner()
+    summary = run_summary(doc)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n<!-- demo-seeds:quick begin -->\n{headline([summary])}\n<!-- demo-seeds:quick end -->\n")
+    ok = runner.invoke(app, ["demo", "--quick", "--check-readme", str(readme), "--results", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert "every conclusion that holds on every run there holds here" in ok.output
+    failing = sum(not c["holds"] for c in summary["claims"])  # each held on "every run" of the edited headline
+    other = json.loads(json.dumps(summary))
+    h = TINY.harnesses[0]
+    mean, low, high = other["reward"][h][REFERENCE]["sft"]
+    other["reward"][h][REFERENCE]["sft"] = [high + 0.5, high + 0.5, high + 0.5]
+    for c in other["claims"]:
+        c["holds"] = True
+    readme.write_text(f"<!-- demo-seeds:quick begin -->\n{headline([other])}\n<!-- demo-seeds:quick end -->\n")
+    bad = runner.invoke(app, ["demo", "--quick", "--check-readme", str(readme), "--results", str(out / "results.json")])
+    assert bad.exit_code == 1
+    lines = [line.strip() for line in bad.output.splitlines() if line.startswith("  ")]
+    assert len(lines) == failing + 1
+    assert lines[-1].startswith(f"{h}, {REFERENCE} after SFT: {mean:.3f} [{low:.3f}, {high:.3f}] here, outside")
+    usage = runner.invoke(app, ["demo", "--results", str(out)])
+    assert usage.exit_code == 2 and "--check-readme" in usage.output
+    readme.write_text("no block\n")
+    missing = runner.invoke(app, ["demo", "--quick", "--check-readme", str(readme), "--results", str(out)])
+    assert missing.exit_code == 2 and "demo-seeds:quick" in missing.output

@@ -16,7 +16,7 @@ from memorywalker.metrics.seeds import WIDEN, check_run, headline, parse_headlin
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIM = "`tree-mask` above `dfs` after SFT under `claude-code`"
-SOMETIMES = "`tree-mask` above `rightmost` after RL under `claude-code`"
+SOMETIMES = "a conclusion that failed on one run"
 
 
 def run(seed: int, sft: float, rl: float | None = None, *, holds=True, sometimes=True, half: float = 0.05) -> dict:
@@ -41,6 +41,22 @@ def test_headline_numbers_by_hand():
     conclusions, ranges = parse_headline(text)
     assert conclusions == {CLAIM: (3, 3), SOMETIMES: (2, 3)}
     assert ranges == {("claude-code", "tree-mask", "sft"): (0.2, 0.6, 0.2), ("claude-code", "tree-mask", "rl"): (0.5, 0.9, 0.2)}
+
+
+def test_paired_differences_over_runs_by_hand():
+    """dfs − tree-mask after SFT on three runs: -0.3 [-0.4, -0.2], -0.1 [-0.2, 0.0], -0.2 [-0.3, -0.1]:
+    mean -0.2, sd 0.1, half-width 4.303 · 0.1 / sqrt(3) = 0.248 → [-0.448, 0.048]; the run's own interval
+    lies below 0 on 2 of 3 (the second touches 0). No GRPO for dfs: its RL cell is a dash. The check
+    reads none of it (the table is not a reward table)."""
+    runs = []
+    for seed, d in enumerate((-0.3, -0.1, -0.2)):
+        r = run(seed, 0.4, 0.7)
+        r["reward"]["claude-code"]["dfs"] = {"sft": [0.4 + d, 0.3 + d, 0.5 + d]}
+        r["vs_reference"] = {"claude-code": {"tree-mask": {}, "dfs": {"sft": [d, d - 0.1, d + 0.1]}}}
+        runs.append(r)
+    text = headline(runs)
+    assert "| `dfs` | -0.200 [-0.448, 0.048]; below 0 on 2 of 3 | — |" in text
+    assert parse_headline(text)[1][("claude-code", "dfs", "sft")] == (0.1, 0.3, 0.1)
 
 
 def test_a_mean_is_judged_by_its_interval_against_the_widened_range():

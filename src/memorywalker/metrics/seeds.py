@@ -31,7 +31,7 @@ from pathlib import Path
 from scipy import stats
 
 from memorywalker.errors import InputError
-from memorywalker.metrics.report import STAGES, claims, markdown_table, mean_sd
+from memorywalker.metrics.report import REFERENCE, STAGES, claims, markdown_table, mean_sd
 
 WIDEN = 1.5  # between-run sds added on each side of the README's range (module docstring)
 BEGIN, END = "<!-- demo-seeds:{name} begin -->", "<!-- demo-seeds:{name} end -->"
@@ -58,8 +58,13 @@ def run_summary(doc: dict) -> dict:
     held-out reward (bootstrap 95 % interval over tasks)."""
     return {"seed": doc["config"]["seed"], "machine": doc.get("machine"), "seconds": doc.get("seconds_total"),
             "stage_seconds": doc.get("stage_seconds"), "claims": claims(doc),
-            "reward": {h: {m: {s: [float(x) for x in row[s]] for s in STAGES if s in row} for m, row in rows.items()}
-                       for h, rows in doc["summary"].items()}}
+            "reward": _per_stage(doc["summary"], "{}"), "vs_reference": _per_stage(doc["summary"], "{}_vs_" + REFERENCE)}
+
+
+def _per_stage(summary: dict, key: str) -> dict:
+    """``{harness: {method: {stage: [mean, low, high]}}}`` of ``summary[h][m][key.format(stage)]``."""
+    return {h: {m: {s: [float(x) for x in row[key.format(s)]] for s in STAGES if key.format(s) in row}
+                for m, row in rows.items()} for h, rows in summary.items()}
 
 
 def headline(runs: list[dict]) -> str:
@@ -105,16 +110,26 @@ def headline(runs: list[dict]) -> str:
                 if len(means) < n:  # a stage some run lacks (no GRPO): not summarized
                     cells += ["—"] * 3
                     continue
-                mean, sd = mean_sd(means)
-                sd = sd if n > 1 else 0.0  # one run: no spread to widen by
-                half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
-                interval = f" [{mean - half:.3f}, {mean + half:.3f}]" if n > 1 else ""
-                cells += [f"{mean:.3f}{interval}", _range(min(means), max(means)), f"{sd:.3f}"]
+                sd = mean_sd(means)[1] if n > 1 else 0.0  # one run: no spread to widen by
+                cells += [_over_runs(means), _range(min(means), max(means)), f"{sd:.3f}"]
             body.append(cells)
         head = ["method", *(f"{k}{s.upper()}{v}" for s in STAGES for k, v in (("after ", ""), ("", " range"),
                                                                                ("", " sd")))]
         out.append(f"{_REWARD_HEAD}{h}` over {n} runs (mean of the runs' means [t 95 % interval over runs]; range; "
                    f"sd):\n\n" + markdown_table(head, body))
+    if any(r.get("vs_reference") for r in runs):
+        cols = [(h, s) for h in runs[0]["reward"] for s in STAGES]
+        body = []
+        for m in (m for m in runs[0]["reward"][cols[0][0]] if m != REFERENCE):
+            cells = [f"`{m}`"]
+            for h, s in cols:
+                d = [r["vs_reference"][h][m][s] for r in runs if s in r.get("vs_reference", {}).get(h, {}).get(m, {})]
+                below = sum(high < 0 for _, _, high in d)
+                cells.append(f"{_over_runs([x[0] for x in d])}; below 0 on {below} of {n}" if len(d) == n else "—")
+            body.append(cells)
+        out.append(f"Paired difference against `{REFERENCE}` over {n} runs (mean of the runs' differences [t 95 % "
+                   f"interval over runs]; on how many runs the run's own paired interval lies below 0):\n\n"
+                   + markdown_table([f"method − {REFERENCE}", *(f"`{h}` after {s.upper()}" for h, s in cols)], body))
     return "\n\n".join(out)
 
 
@@ -183,6 +198,20 @@ def readme_block(readme: str, name: str) -> str:
     if begin not in readme or end not in readme:
         raise InputError(f"README has no {begin} ... {end} block")
     return readme.split(begin, 1)[1].split(end, 1)[0].strip()
+
+
+def _over_runs(values: list[float]) -> str:
+    """The mean of per-run numbers with a t 95 % interval over runs (none for one run).
+
+    >>> _over_runs([0.2, 0.4, 0.6]), _over_runs([0.5])
+    ('0.400 [-0.097, 0.897]', '0.500')
+    """
+    n = len(values)
+    mean, sd = mean_sd(values)
+    if n < 2:
+        return f"{mean:.3f}"
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
 
 
 def _range(low: float, high: float) -> str:

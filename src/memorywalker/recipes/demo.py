@@ -138,8 +138,8 @@ class DemoConfig:
     methods: tuple[str, ...] = METHODS
     # Methods that also get GRPO (the others stop after SFT and its evaluation). SDCC's GRPO (λ = 1) and dfs's
     # collapsed to 0.000-0.047 under claude-code on every seed of docs/demo-robustness.md: two of four GRPO
-    # runs for a result known in advance. tree-mask's RL − SFT is a conclusion; rightmost's GRPO is where
-    # dropping the pre-compaction targets can cost reward (the summaries GRPO has to fix are those targets).
+    # runs for a result known in advance. tree-mask's RL − SFT is a conclusion; rightmost's GRPO measures
+    # whether dropping the pre-compaction targets (the summaries GRPO has to fix) costs reward there.
     rl_methods: tuple[str, ...] = (REFERENCE, "rightmost")
 
 
@@ -269,9 +269,11 @@ def run_method(job: MethodJob) -> tuple[dict, str]:
     log line. Runs with one torch thread wherever it runs (a worker process or this one), so its numbers
     do not depend on ``workers``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as above
+    from transformers.utils import logging as hf_logging  # lazy: as above
 
     from memorywalker.recipes import rl, sft  # lazy: torch.distributed (~1 s), as above
 
+    hf_logging.disable_progress_bar()  # a bar per checkpoint loaded or saved; the job reports by its log line
     cfg, out, method = job.cfg, Path(job.out), job.method
     name = job.label or method
     sdcc = dict(sdcc_lambda=cfg.sdcc_lambda, sdcc_students=cfg.sdcc_students,

@@ -55,7 +55,7 @@ def test_paired_differences_over_runs_by_hand():
         r["vs_reference"] = {"claude-code": {"tree-mask": {}, "dfs": {"sft": [d, d - 0.1, d + 0.1]}}}
         runs.append(r)
     text = headline(runs)
-    assert "| `dfs` | -0.200 [-0.448, 0.048]; below 0 on 2 of 3 | — |" in text
+    assert "| `dfs` | -0.200 [-0.448, 0.048]; below 0 on 2, above on 0 | — |" in text
     assert parse_headline(text)[1][("claude-code", "dfs", "sft")] == (0.1, 0.3, 0.1)
 
 

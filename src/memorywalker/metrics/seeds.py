@@ -87,50 +87,60 @@ def headline(runs: list[dict]) -> str:
     |---|---|---|---|---|---|---|
     | `m` | 0.600 [-0.671, 1.871] | 0.500–0.700 | 0.141 | — | — | — |
     """
-    n = len(runs)
-    seeds = ", ".join(str(r["seed"]) for r in runs)
-    names = list(dict.fromkeys(c["claim"] for r in runs for c in r["claims"]))
+    where = Counter(f"{m['cpu']}, {m['cores']} cores" if (m := r.get("machine")) else "a machine not recorded"
+                    for r in runs)
+    out = [f"Conclusions over {len(runs)} runs (seeds {', '.join(str(r['seed']) for r in runs)}; "
+           f"{', '.join(f'{k} on {w}' for w, k in where.items())}):\n\n" + _conclusions_table(runs)]
+    out += [_reward_table(runs, h) for h in runs[0]["reward"]]
+    if any(r.get("vs_reference") for r in runs):
+        out.append(_difference_table(runs))
+    return "\n\n".join(out)
+
+
+def _conclusions_table(runs: list[dict]) -> str:
     body = []
-    for name in names:
+    for name in dict.fromkeys(c["claim"] for r in runs for c in r["claims"]):
         verdicts = [(r["seed"], next((c for c in r["claims"] if c["claim"] == name), None)) for r in runs]
         held = sum(c is not None and c["holds"] for _, c in verdicts)
         fails = "; ".join(f"seed {s}: " + (c["evidence"] if c else "not measured") for s, c in verdicts
                           if c is None or not c["holds"])
-        body.append([name, f"{held} of {n} runs", "must hold" if held == n else "reported", fails or "—"])
-    where = Counter(f"{m['cpu']}, {m['cores']} cores" if (m := r.get("machine")) else "a machine not recorded"
-                    for r in runs)
-    out = [f"Conclusions over {n} runs (seeds {seeds}; {', '.join(f'{k} on {w}' for w, k in where.items())}):\n\n"
-           + markdown_table(["conclusion", "holds on", "`--check-readme`", "where it fails"], body)]
-    for h in runs[0]["reward"]:
-        body = []
-        for m in runs[0]["reward"][h]:
-            cells = [f"`{m}`"]
-            for s in STAGES:
-                means = [r["reward"][h][m][s][0] for r in runs if s in r["reward"][h].get(m, {})]
-                if len(means) < n:  # a stage some run lacks (no GRPO): not summarized
-                    cells += ["—"] * 3
-                    continue
-                sd = mean_sd(means)[1] if n > 1 else 0.0  # one run: no spread to widen by
-                cells += [_over_runs(means), _range(min(means), max(means)), f"{sd:.3f}"]
-            body.append(cells)
-        head = ["method", *(f"{k}{s.upper()}{v}" for s in STAGES for k, v in (("after ", ""), ("", " range"),
-                                                                               ("", " sd")))]
-        out.append(f"{_REWARD_HEAD}{h}` over {n} runs (mean of the runs' means [t 95 % interval over runs]; range; "
-                   f"sd):\n\n" + markdown_table(head, body))
-    if any(r.get("vs_reference") for r in runs):
-        cols = [(h, s) for h in runs[0]["reward"] for s in STAGES]
-        body = []
-        for m in (m for m in runs[0]["reward"][cols[0][0]] if m != REFERENCE):
-            cells = [f"`{m}`"]
-            for h, s in cols:
-                d = [r["vs_reference"][h][m][s] for r in runs if s in r.get("vs_reference", {}).get(h, {}).get(m, {})]
-                below = sum(high < 0 for _, _, high in d)
-                cells.append(f"{_over_runs([x[0] for x in d])}; below 0 on {below} of {n}" if len(d) == n else "—")
-            body.append(cells)
-        out.append(f"Paired difference against `{REFERENCE}` over {n} runs (mean of the runs' differences [t 95 % "
-                   f"interval over runs]; on how many runs the run's own paired interval lies below 0):\n\n"
-                   + markdown_table([f"method − {REFERENCE}", *(f"`{h}` after {s.upper()}" for h, s in cols)], body))
-    return "\n\n".join(out)
+        body.append([name, f"{held} of {len(runs)} runs", "must hold" if held == len(runs) else "reported",
+                     fails or "—"])
+    return markdown_table(["conclusion", "holds on", "`--check-readme`", "where it fails"], body)
+
+
+def _reward_table(runs: list[dict], h: str) -> str:
+    n, body = len(runs), []
+    for m in runs[0]["reward"][h]:
+        cells = [f"`{m}`"]
+        for s in STAGES:
+            means = [r["reward"][h][m][s][0] for r in runs if s in r["reward"][h].get(m, {})]
+            if len(means) < n:  # a stage some run lacks (no GRPO): not summarized
+                cells += ["—"] * 3
+                continue
+            sd = mean_sd(means)[1] if n > 1 else 0.0  # one run: no spread to widen by
+            cells += [_over_runs(means), _range(min(means), max(means)), f"{sd:.3f}"]
+        body.append(cells)
+    head = ["method", *(f"{k}{s.upper()}{v}" for s in STAGES for k, v in (("after ", ""), ("", " range"), ("", " sd")))]
+    return (f"{_REWARD_HEAD}{h}` over {n} runs (mean of the runs' means [t 95 % interval over runs]; range; sd):\n\n"
+            + markdown_table(head, body))
+
+
+def _difference_table(runs: list[dict]) -> str:
+    n = len(runs)
+    cols = [(h, s) for h in runs[0]["reward"] for s in STAGES]
+    body = []
+    for m in (m for m in runs[0]["reward"][cols[0][0]] if m != REFERENCE):
+        cells = [f"`{m}`"]
+        for h, s in cols:
+            d = [r["vs_reference"][h][m][s] for r in runs if s in r.get("vs_reference", {}).get(h, {}).get(m, {})]
+            below, above = sum(high < 0 for _, _, high in d), sum(low > 0 for _, low, _ in d)
+            cells.append(f"{_over_runs([x[0] for x in d])}; below 0 on {below}, above on {above}" if len(d) == n
+                         else "—")
+        body.append(cells)
+    return (f"Paired difference against `{REFERENCE}` over {n} runs (mean of the runs' differences [t 95 % interval "
+            f"over runs]; on how many runs the run's own paired interval lies below 0, and above):\n\n"
+            + markdown_table([f"method − {REFERENCE}", *(f"`{h}` after {s.upper()}" for h, s in cols)], body))
 
 
 def check_run(block: str, run: dict, *, partial: bool = False) -> list[str]:
@@ -175,6 +185,8 @@ def parse_headline(block: str) -> tuple[dict[str, tuple[int, int]], dict[tuple[s
     for line in block.splitlines():
         if line.startswith(_REWARD_HEAD):
             harness = line.split("`")[1]
+        elif line.strip() and not line.startswith("|"):
+            harness = None  # another table's heading (the paired differences): its rows are not rewards
         if not line.startswith("| ") or line.startswith(("| conclusion", "| method")):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

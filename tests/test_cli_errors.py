@@ -218,6 +218,9 @@ def test_demo_methods_are_checked_before_the_run(tmp_path):
     line = one_line_error(runner.invoke(app, ["demo", "--methods", "radix", "--check-readme", "README.md",
                                               "--out", str(out)]), "demo")
     assert "drop --methods" in line
+    line = one_line_error(runner.invoke(app, ["demo", "--methods", "tree-mask,dfs", "--rl-methods", "sdcc,dfs",
+                                              "--out", str(out)]), "demo")
+    assert "--rl-methods names methods --methods does not train: sdcc" in line
     assert not out.exists()
 
 

@@ -18,20 +18,23 @@ def demo(
     seed: int = typer.Option(0, help="Seed of everything (model, data, sampling); the first of --seeds."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report on how many runs each conclusion "
                               "holds and each method's reward over runs (the README's headline)."),
-    check_readme: Path | None = typer.Option(None, "--check-readme", help="After the run, judge it against the "
+    check_readme: Path | None = typer.Option(None, "--check-readme", exists=True, dir_okay=False, help="After the run, judge it against the "
                                              "headline over seeds this README quotes (exit 1 when a conclusion "
                                              "that holds on every run there fails here, or a mean reward is out "
                                              "of reach: metrics/seeds.py)."),
-    results: Path | None = typer.Option(None, "--results", help="With --check-readme: judge this finished run "
+    results: Path | None = typer.Option(None, "--results", exists=True, help="With --check-readme: judge this finished run "
                                         "(its directory or results.json) instead of running one."),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: the "
                                        "reference exact method and every non-exact one; the other exact methods "
                                        "train what it trains)."),
+    rl_methods: str | None = typer.Option(None, "--rl-methods", help="Comma-separated methods that also get GRPO "
+                                          "after SFT (default: tree-mask,rightmost; SDCC's and dfs's collapse)."),
 ):
     """Build a tiny model offline, SFT it once per method on expert episodes under compression, GRPO the
     methods that show something under it from their SFT checkpoints, and compare held-out reward (with
     intervals) and the train/rollout gap."""
-    from memorywalker.metrics.report import results_table, times_table  # lazy: the machinery (torch), when it runs
+    from memorywalker.engine.methods import parse_methods  # lazy: the machinery (torch), only when it runs
+    from memorywalker.metrics.report import results_table, times_table  # lazy: as above
     from memorywalker.metrics.seeds import check_run, headline, readme_block, run_summary  # lazy: as above
     from memorywalker.recipes.demo import FULL, QUICK, run_demo, run_seeds  # lazy: as above
 
@@ -40,20 +43,25 @@ def demo(
         raise typer.BadParameter("--check-readme judges a single run against the README; drop --seeds")
     if results is not None and check_readme is None:
         raise typer.BadParameter("--results names a run for --check-readme to judge; add --check-readme README.md")
-    quoted = None
-    if check_readme is not None:  # read first: a README without the block fails before a 15-minute run
-        quoted = readme_block(check_readme.read_text(encoding="utf-8"), name)
     cfg = replace(QUICK if quick else FULL, seed=seed)
-    if methods is not None:
-        from memorywalker.engine.methods import parse_methods  # lazy: as above
-
+    for option, field, given in (("--methods", "methods", methods), ("--rl-methods", "rl_methods", rl_methods)):
+        if given is None:
+            continue
         try:
-            chosen = parse_methods(methods, reference=False)
+            chosen = parse_methods(given, reference=False)
         except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--methods") from None
-        if check_readme is not None and chosen != cfg.methods:
-            raise typer.BadParameter("--check-readme compares the default methods with the README; drop --methods")
-        cfg = replace(cfg, methods=chosen)
+            raise typer.BadParameter(str(e), param_hint=option) from None
+        if check_readme is not None and chosen != getattr(cfg, field):
+            raise typer.BadParameter(f"--check-readme compares the default methods with the README; drop {option}")
+        cfg = replace(cfg, **{field: chosen})
+    if rl_methods is None:  # the default's GRPO methods among those trained
+        cfg = replace(cfg, rl_methods=tuple(m for m in cfg.rl_methods if m in cfg.methods))
+    elif not set(cfg.rl_methods) <= set(cfg.methods):
+        raise typer.BadParameter(f"--rl-methods names methods --methods does not train: "
+                                 f"{', '.join(m for m in cfg.rl_methods if m not in cfg.methods)}")
+    quoted = None
+    if check_readme is not None:  # before the run: a README without the block fails before a 15-minute run
+        quoted = readme_block(check_readme.read_text(encoding="utf-8"), name)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if results is not None:
         doc = _read_results(results)

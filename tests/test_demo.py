@@ -228,3 +228,21 @@ def test_check_readme_judges_a_finished_run_by_the_headline(demo, tmp_path):
     readme.write_text("no block\n")
     missing = runner.invoke(app, ["demo", "--quick", "--check-readme", str(readme), "--results", str(out)])
     assert missing.exit_code == 2 and "demo-seeds:quick" in missing.output
+
+
+def test_seeds_write_each_run_and_the_headline_over_them(tmp_path):
+    """``demo --seeds 2`` (run_seeds): one directory per seed, ``seeds.json`` holding each run's summary
+    (seeds 3 and 4, in order, each the summary of its own results.json) and ``seeds.md`` the headline over
+    them, which says over how many runs each conclusion holds."""
+    from memorywalker.metrics.seeds import headline, run_summary
+    from memorywalker.recipes.demo import run_seeds
+
+    cfg = replace(TINY, seed=3, methods=("tree-mask", "dfs"), rl_methods=("tree-mask",))
+    docs = run_seeds(cfg, tmp_path, 2, progress=False, log=lambda s: None)
+    runs = json.loads((tmp_path / "seeds.json").read_text())["runs"]
+    assert [r["seed"] for r in runs] == [3, 4] == [d["config"]["seed"] for d in docs]
+    for r, seed in zip(runs, (3, 4), strict=True):
+        saved = json.loads((tmp_path / f"seed-{seed}" / "results.json").read_text())
+        assert r == json.loads(json.dumps(run_summary(saved)))
+    assert (tmp_path / "seeds.md").read_text() == headline(runs) + "\n"
+    assert all(" of 2 runs |" in line for line in headline(runs).splitlines()[4:4 + len(runs[0]["claims"])])

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from memorywalker.engine.methods import NAIVE, get_method, method_names
 from memorywalker.metrics.gap import fmt_metric as _fmt
 from memorywalker.metrics.stats import paired_bootstrap
 

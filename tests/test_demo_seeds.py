@@ -27,20 +27,22 @@ def run(seed: int, sft: float, rl: float | None = None, *, holds=True, sometimes
                        {"claim": SOMETIMES, "holds": sometimes, "evidence": f"f{seed}"}]}
 
 
-THREE = [run(0, 0.2, 0.5), run(1, 0.4, 0.7), run(2, 0.6, 0.9, sometimes=False)]
+THREE = [run(0, 0.50, 0.70), run(1, 0.55, 0.75), run(2, 0.60, 0.80, sometimes=False)]
 
 
 def test_headline_numbers_by_hand():
-    """SFT means 0.2, 0.4, 0.6: mean 0.4, sd 0.2 (deviations ±0.2, 0: sqrt(0.08 / 2)), t(0.975, 2) = 4.303,
-    half-width 4.303 · 0.2 / sqrt(3) = 0.497 → [-0.097, 0.897]; range 0.200–0.600. RL: each +0.3. The
+    """SFT means 0.50, 0.55, 0.60: mean 0.55, sd 0.05 (deviations ±0.05, 0: sqrt(0.005 / 2)), t(0.975, 2)
+    = 4.303, half-width 4.303 · 0.05 / sqrt(3) = 0.124 → [0.426, 0.674]; range 0.500–0.600. RL: each
+    +0.2. Pooled sd over the two cells sqrt((0.05² + 0.05²) / 2) = 0.05, widening 2.5 · 0.05 = 0.125. The
     conclusion that failed on seed 2 says so, with its evidence, and is only reported."""
     text = headline(THREE)
-    assert "| `tree-mask` | 0.400 [-0.097, 0.897] | 0.200–0.600 | 0.200 | 0.700 [0.203, 1.197] | 0.500–0.900 | 0.200 |" in text
+    assert "| `tree-mask` | 0.550 [0.426, 0.674] | 0.500–0.600 | 0.050 | 0.750 [0.626, 0.874] | 0.700–0.800 | 0.050 |" in text
     assert f"| {CLAIM} | 3 of 3 runs | must hold | — |" in text
     assert f"| {SOMETIMES} | 2 of 3 runs | reported | seed 2: f2 |" in text
-    conclusions, ranges = parse_headline(text)
-    assert conclusions == {CLAIM: (3, 3), SOMETIMES: (2, 3)}
-    assert ranges == {("claude-code", "tree-mask", "sft"): (0.2, 0.6, 0.2), ("claude-code", "tree-mask", "rl"): (0.5, 0.9, 0.2)}
+    assert "pooled over the 2 reward cells: 0.050 (" in text and "by 2.5 × 0.050 = 0.125 on each side" in text
+    conclusions, ranges, pooled = parse_headline(text)
+    assert conclusions == {CLAIM: (3, 3), SOMETIMES: (2, 3)} and pooled == 0.05
+    assert ranges == {("claude-code", "tree-mask", "sft"): (0.5, 0.6, 0.05), ("claude-code", "tree-mask", "rl"): (0.7, 0.8, 0.05)}
 
 
 def test_paired_differences_over_runs_by_hand():
@@ -60,22 +62,22 @@ def test_paired_differences_over_runs_by_hand():
 
 
 def test_a_mean_is_judged_by_its_interval_against_the_widened_range():
-    """The SFT range 0.2–0.6 widened by 1.5 · 0.2 = 0.3 is [-0.1, 0.9]: 0.95 ± 0.05 (low end 0.90) just
-    meets it, 0.96 ± 0.05 (0.91) misses it; RL's is [0.2, 1.2]: 0.1 ± 0.05 (high end 0.15) misses it."""
-    assert WIDEN == 1.5
+    """The SFT range 0.5–0.6 widened by 0.125 is [0.375, 0.725]: 0.77 ± 0.05 (low end 0.72) meets it,
+    0.78 ± 0.05 (0.73) misses it; RL's is [0.575, 0.925]: 0.5 ± 0.05 (high end 0.55) misses it."""
+    assert WIDEN == 2.5
     text = headline(THREE)
-    assert check_run(text, run(3, 0.95, 0.5)) == []
-    (miss,) = check_run(text, run(3, 0.96, 0.5))
-    assert miss.startswith("claude-code, tree-mask after SFT: 0.960 [0.910, 1.010] here, outside the README's "
-                           "range 0.200–0.600 widened by 1.5 sd (0.200) to -0.100–0.900")
-    (low,) = check_run(text, run(3, 0.4, 0.1))
-    assert low.startswith("claude-code, tree-mask after RL: 0.100")
+    assert check_run(text, run(3, 0.77, 0.7)) == []
+    (miss,) = check_run(text, run(3, 0.78, 0.7))
+    assert miss == ("claude-code, tree-mask after SFT: 0.780 [0.730, 0.830] here, outside the README's range "
+                    "0.500–0.600 widened by 2.5 × 0.050 to 0.375–0.725")
+    (low,) = check_run(text, run(3, 0.55, 0.5))
+    assert low.startswith("claude-code, tree-mask after RL: 0.500")
 
 
 def test_only_a_conclusion_that_held_on_every_run_must_hold():
     text = headline(THREE)
-    assert check_run(text, run(3, 0.4, 0.7, sometimes=False)) == []  # 2 of 3 there: reported, not checked
-    (d,) = check_run(text, run(3, 0.4, 0.7, holds=False))
+    assert check_run(text, run(3, 0.55, 0.75, sometimes=False)) == []  # 2 of 3 there: reported, not checked
+    (d,) = check_run(text, run(3, 0.55, 0.75, holds=False))
     assert d == f"{CLAIM}: does not hold here (e3); it held on all 3 runs in the README"
 
 
@@ -83,7 +85,7 @@ def test_a_run_must_measure_what_the_headline_states_unless_partial():
     """Without GRPO tree-mask has no RL mean (1 difference); a conclusion the README lacks is 1 more.
     Partial (numbers quoted from a log) judges only what the run has."""
     text = headline(THREE)
-    short = run(3, 0.4)
+    short = run(3, 0.55)
     short["claims"].append({"claim": "new", "holds": True, "evidence": ""})
     assert check_run(text, short) == ["new: not in the README",
                                       "claude-code, tree-mask after RL: not measured by this run"]
@@ -104,7 +106,7 @@ def test_readme_block_is_found_or_named_missing():
     assert readme_block(readme, "quick") == "| a |"
     with pytest.raises(InputError, match="demo-seeds:full"):
         readme_block(readme, "full")
-    with pytest.raises(InputError, match="no conclusions table"):
+    with pytest.raises(InputError, match="lacks its conclusions"):
         parse_headline("| a |")
 
 

@@ -8,9 +8,13 @@ seed, each thread setting); ``threads=1`` sets ``OMP_NUM_THREADS=1`` (and MKL's)
 two is stages 1-3 (kit, pretraining, warm start), where a different reduction order changes the
 floating-point trajectory. Per run: the pretraining's and the warm start's copy accuracy and every
 conclusion :func:`memorywalker.metrics.report.claims` checks. Writes ``OUT/robustness.md`` (one row per
-run, one column per conclusion, with its evidence), ``OUT/per-seed.md`` (the README's per-seed table:
-the verdicts and the mean rewards) and ``OUT/robustness.json`` (rewritten after every run); a run whose
-``results.json`` is already in ``OUT`` with the same configuration is read, not run again. Exits 1 when any conclusion fails in any run.
+run, one column per conclusion, with its evidence), ``OUT/per-seed.md`` (per run: checks, verdicts, mean
+rewards, wall), ``OUT/robustness.json`` (rewritten after every run), ``OUT/seeds.json`` and
+``OUT/seeds.md`` (the README's headline over the runs, :func:`memorywalker.metrics.seeds.headline`,
+and each run judged by ``--check-readme``'s rule against the headline of the others); ``--record FILE``
+keeps the runs' summaries under the size's name (``docs/demo-seeds.json``, what the README's headline is
+generated from). A run whose ``results.json`` is already in ``OUT`` with the same configuration is read,
+not run again. Exits 1 when any conclusion fails in any run.
 
 ``--size full`` is ``memorywalker demo`` itself (what the README's command 1 runs); ``reduced`` is the
 same pipeline at the smaller sizes below, for a shorter check (not run yet: docs/demo-robustness.md has

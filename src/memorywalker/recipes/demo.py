@@ -1,6 +1,6 @@
 """The embedded default: show what training on the right contexts does to an agent, offline, on CPU.
 
-    memorywalker demo [--quick] [--seeds N] [--out DIR]
+    memorywalker demo [--quick] [--seeds N] [--out DIR] [--check-readme README.md]
 
 1. **Kit.** A byte-level BPE tokenizer trained on the ``vault`` environment's text and a tiny random
    Llama, saved as ordinary Hugging Face directories, then a short copy/LM pretraining stage
@@ -18,20 +18,23 @@
    of 32 held-out expert episodes and the codes of their summaries; a warm start below either target
    says so in the log and in the table's conclusions.
 4. **SFT per method** from the warm start on the compressed episodes: here the methods differ.
-5. **GRPO per method** from that method's SFT checkpoint, on episodes its model collects under
-   compression (graded reward, so groups have variance).
+5. **GRPO** for the methods in ``rl_methods`` (tree-mask and rightmost by default) from that method's
+   SFT checkpoint, on episodes its model collects under compression (graded reward, so groups have
+   variance); the others stop after SFT.
 6. **Evaluation** of every SFT and RL model on the same held-out tasks under both harnesses, greedy
    (the episodes in lockstep, :mod:`memorywalker.rollout.episodes.lockstep`):
    reward per task, its mean with a bootstrap 95 % interval, the paired difference against ``tree-mask``
    and RL against SFT (paired bootstrap over tasks); the train/rollout gap of each method on its own
-   model's episodes (by branches before the call); ``eps_kl`` over SDCC's RL steps beside sqrt(eps_kl/2).
+   model's episodes (by branches before the call); with SDCC in ``rl_methods``, ``eps_kl`` over its RL
+   steps beside sqrt(eps_kl/2).
 
 Stages 4-6 of one method depend only on the warm start and the seed, so ``workers`` methods run side by
 side, each in its own process with one torch thread (:func:`run_method`): the numbers are the same with
 any number of workers.
 
-Writes ``DIR/results.json``, PNG plots, ``DIR/index.html`` and ``DIR/table.md`` (the README's tables)
-and prints the tables. Everything is seeded: a rerun on the same machine with the same thread count is
+Writes ``DIR/results.json`` (with each stage's wall seconds and the machine), PNG plots,
+``DIR/index.html`` and ``DIR/table.md`` (the README's one-run tables), and prints the tables and the
+time per stage. Over seeds, :func:`run_seeds` writes the README's headline (:mod:`memorywalker.metrics.seeds`). Everything is seeded: a rerun on the same machine with the same thread count is
 bitwise identical, another machine or thread count rounds differently; nothing is downloaded.
 """
 

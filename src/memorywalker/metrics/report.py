@@ -59,9 +59,9 @@ def claims(doc: dict) -> list[dict]:
       longer held): the paired interval of (dfs − tree-mask) lies below 0;
     * not ``rightmost``: it trains the last path of each episode, the answer in the context it was given,
       and drops the calls before the last compaction; whether that costs reward is a property of the
-      task. Here those calls are act calls the warm start already taught and summaries of which half are
-      careless, so rightmost scored level with tree-mask or above it on some seeds, after SFT and after
-      GRPO (README, docs/demo-robustness.md); the headline reports its paired difference over seeds;
+      task and, here, of the seed: below tree-mask on three seeds of five, level or above on two, after
+      SFT and after GRPO alike (README, docs/demo-robustness.md); the headline reports its paired
+      difference over seeds;
     * RL − SFT for ``tree-mask`` under ``claude-code`` is ≥ 0 (its mean).
 
     >>> doc = {"config": {"warm_copy_target": 0.9, "warm_summary_target": 0.5},

@@ -34,8 +34,10 @@ any number of workers.
 
 Writes ``DIR/results.json`` (with each stage's wall seconds and the machine), PNG plots,
 ``DIR/index.html`` and ``DIR/table.md`` (the README's one-run tables), and prints the tables and the
-time per stage. Over seeds, :func:`run_seeds` writes the README's headline (:mod:`memorywalker.metrics.seeds`). Everything is seeded: a rerun on the same machine with the same thread count is
-bitwise identical, another machine or thread count rounds differently; nothing is downloaded.
+time per stage; over seeds, :func:`run_seeds` writes the README's headline
+(:mod:`memorywalker.metrics.seeds`). Everything is seeded: a rerun on the same machine with the same
+thread count is bitwise identical, another machine or thread count rounds differently; nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -198,7 +200,8 @@ def prepare(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=prin
     warm, checks = warm_start(cfg, out, pre.dir, tokenizer, env, progress=progress, log=log)
     warm_loss = [float(m["loss"]) for m in warm.metrics]
     clock.lap("warm start")
-    return {"stage_seconds": clock.laps, "pretrain_loss": [pre.losses[0], pre.losses[-1]], "pretrain_copy_accuracy": pre.copy_accuracy,
+    return {"stage_seconds": clock.laps,
+            "pretrain_loss": [pre.losses[0], pre.losses[-1]], "pretrain_copy_accuracy": pre.copy_accuracy,
             "pretrain_near_checks": pre.near_checks, "pretrain_steps": len(pre.losses),
             "warm_loss": [warm_loss[0], warm_loss[-1]], "warm_steps": warm.steps, "warm_copy_checks": checks,
             "expert_evictions": evictions, "tasks": [t.id for t in _eval_tasks(env, cfg)],
@@ -218,23 +221,21 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, progress: bool = True, log=pri
     results: dict[str, dict] = {}
     bar = tqdm(total=len(jobs), desc=f"methods ({cfg.workers} at a time: SFT, eval, GRPO, eval)", unit="method",
                disable=not progress)
-    seconds = prep.pop("stage_seconds")
-    t_methods = time.perf_counter()
+    clock = _Clock()
     for job, (res, line) in zip(jobs, map_jobs(jobs, cfg.workers), strict=True):
         results[job.method] = res
         bar.update()
         log(line)
     bar.close()
-    seconds["methods (side by side)"] = round(time.perf_counter() - t_methods, 1)
+    clock.lap("methods (side by side)")
 
     results = {m: results[m] for m in cfg.methods}  # the table's order, not the schedule's
-    doc = {"config": asdict(cfg), "machine": machine(), **{k: v for k, v in prep.items() if k != "warm_dir"},
-           "methods": results}
+    doc = {"config": asdict(cfg), "machine": machine(),
+           **{k: v for k, v in prep.items() if k not in ("warm_dir", "stage_seconds")}, "methods": results}
     doc["summary"] = summarize(doc)
-    t_report = time.perf_counter()
     write_report(doc, out)
-    seconds["report"] = round(time.perf_counter() - t_report, 1)
-    doc["stage_seconds"] = seconds
+    clock.lap("report")
+    doc["stage_seconds"] = {**prep["stage_seconds"], **clock.laps}
     doc["seconds_total"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=_num))
     return doc

@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     summaries = [run_summary(d) for d in docs]
     (a.out / "seeds.json").write_text(json.dumps({"runs": summaries}, indent=2))
-    (a.out / "seeds.md").write_text(headline(summaries) + "\n\n" + leave_one_out(summaries) + "\n")
-    print("\n" + headline(summaries) + "\n\n" + leave_one_out(summaries))
+    text = headline(summaries) + "\n\n" + leave_one_out(summaries)
+    (a.out / "seeds.md").write_text(text + "\n")
+    print("\n" + text)
     if a.record is not None:
         record = json.loads(a.record.read_text()) if a.record.exists() else {}
         record[a.size] = {"command": "python scripts/demo_robustness.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -18,12 +18,13 @@ def demo(
     seed: int = typer.Option(0, help="Seed of everything (model, data, sampling); the first of --seeds."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Run N seeds; report on how many runs each conclusion "
                               "holds and each method's reward over runs (the README's headline)."),
-    check_readme: Path | None = typer.Option(None, "--check-readme", exists=True, dir_okay=False, help="After the run, judge it against the "
-                                             "headline over seeds this README quotes (exit 1 when a conclusion "
-                                             "that holds on every run there fails here, or a mean reward is out "
-                                             "of reach: metrics/seeds.py)."),
-    results: Path | None = typer.Option(None, "--results", exists=True, help="With --check-readme: judge this finished run "
-                                        "(its directory or results.json) instead of running one."),
+    check_readme: Path | None = typer.Option(None, "--check-readme", exists=True, dir_okay=False,
+                                             help="After the run, judge it against the headline over seeds this "
+                                             "README quotes (exit 1 when a conclusion that holds on every run "
+                                             "there fails here, or a mean reward is out of reach: "
+                                             "metrics/seeds.py)."),
+    results: Path | None = typer.Option(None, "--results", exists=True, help="With --check-readme: judge this "
+                                        "finished run (its directory or results.json) instead of running one."),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: the "
                                        "reference exact method and every non-exact one; the other exact methods "
                                        "train what it trains)."),

@@ -100,8 +100,8 @@ def headline(runs: list[dict]) -> str:
                     for r in runs)
     out = [f"Conclusions over {len(runs)} runs (seeds {', '.join(str(r['seed']) for r in runs)}; "
            f"{', '.join(f'{k} on {w}' for w, k in where.items())}):\n\n" + _conclusions_table(runs)]
-    out += [_reward_table(runs, h) for h in runs[0]["reward"]]
     cells = _cells(runs)
+    out += [_reward_table(cells, runs, h) for h in runs[0]["reward"]]
     pooled = math.sqrt(sum(mean_sd(v)[1] ** 2 for v in cells.values()) / len(cells)) if len(runs) > 1 else 0.0
     out.append(f"{_POOLED} {len(cells)} reward cells: {pooled:.3f} (the root mean of their variances); "
                f"`--check-readme` widens each range by {WIDEN} × {pooled:.3f} = {WIDEN * pooled:.3f} on each side.")
@@ -122,18 +122,18 @@ def _conclusions_table(runs: list[dict]) -> str:
     return markdown_table(["conclusion", "holds on", "`--check-readme`", "where it fails"], body)
 
 
-def _reward_table(runs: list[dict], h: str) -> str:
+def _reward_table(cells: dict[tuple[str, str, str], list[float]], runs: list[dict], h: str) -> str:
     n, body = len(runs), []
     for m in runs[0]["reward"][h]:
-        cells = [f"`{m}`"]
+        row = [f"`{m}`"]
         for s in STAGES:
-            means = [r["reward"][h][m][s][0] for r in runs if s in r["reward"][h].get(m, {})]
-            if len(means) < n:  # a stage some run lacks (no GRPO): not summarized
-                cells += ["—"] * 3
+            means = cells.get((h, m, s))
+            if means is None:  # a stage some run lacks (no GRPO): not summarized
+                row += ["—"] * 3
                 continue
             sd = mean_sd(means)[1] if n > 1 else 0.0  # one run: no spread to widen by
-            cells += [_over_runs(means), _range(min(means), max(means)), f"{sd:.3f}"]
-        body.append(cells)
+            row += [_over_runs(means), _range(min(means), max(means)), f"{sd:.3f}"]
+        body.append(row)
     head = ["method", *(f"{k}{s.upper()}{v}" for s in STAGES for k, v in (("after ", ""), ("", " range"), ("", " sd")))]
     return (f"{_REWARD_HEAD}{h}` over {n} runs (mean of the runs' means [t 95 % interval over runs]; range; sd):\n\n"
             + markdown_table(head, body))

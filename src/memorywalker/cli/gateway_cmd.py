@@ -54,8 +54,9 @@ def gateway(
     out: Path | None = typer.Option(None, help="(Required to serve.) Where the records go: sessions/*.jsonl (journals, one line per call), "
                                        "trajectories.jsonl (one per session line, written when a session idles "
                                        "or the gateway stops)."),
-    backend: str = typer.Option("hf", help="hf | vllm | openai:URL (a `vllm serve` of the same model: token ids "
-                                           "in, ids and logprobs out) | scripted:FILE"),
+    backend: str = typer.Option("hf", help="hf | vllm | openai:URL[,URL...] (`vllm serve` processes of the same "
+                                           "model: token ids in, ids and logprobs out; a session's calls stay on one "
+                                           "server, all sessions in flight at once) | scripted:FILE"),
     port: int = typer.Option(8421, help="Port to listen on."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     api_key: str | None = typer.Option(None, help="Require this key (x-api-key or Authorization: Bearer)."),

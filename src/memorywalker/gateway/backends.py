@@ -1,10 +1,12 @@
-"""Who writes the gateway's responses, by name: ``hf`` | ``vllm`` | ``openai:URL`` | ``scripted:FILE``.
+"""Who writes the gateway's responses, by name: ``hf`` | ``vllm`` | ``openai:URL[,URL...]`` | ``scripted:FILE``.
 
 Each backend takes a :class:`Pending` call (the prompt's token ids exactly as rendered, the messages
 and tools they came from, a limit and a seed) and returns a
 :class:`~memorywalker.samplers.base.PolicyOutput` with the response's token ids and the logprobs they
 were sampled (or, scripted, scored) with. Model backends use the samplers of
-:mod:`memorywalker.samplers`; a backend runs one call at a time unless ``concurrent``.
+:mod:`memorywalker.samplers`; a backend runs one call at a time unless ``concurrent``. ``openai:`` with
+several URLs (``vllm serve`` processes) is a fleet (:class:`~memorywalker.samplers.vllm_server.ServerFleet`):
+each session's calls go to one server, every session's calls in flight at once.
 
 ``scripted:FILE`` plays a script, because a tiny model cannot drive a harness and a script can.
 The file (YAML or JSON)::
@@ -41,8 +43,9 @@ from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.samplers.openai import OpenAIPolicy
 from memorywalker.samplers.vllm import VLLMPolicy
+from memorywalker.samplers.vllm_server import ServerFleet
 
-SPECS = "hf | vllm | openai:URL | scripted:FILE"
+SPECS = "hf | vllm | openai:URL[,URL...] | scripted:FILE"
 
 
 @dataclass
@@ -76,6 +79,22 @@ class SamplerBackend:
             return self.policy(PolicyRequest(prompt_ids=call.prompt_ids, messages=call.messages,
                                              tools=[t.name for t in call.tools], purpose=call.purpose,
                                              call_index=0, seed=call.seed, max_new_tokens=call.max_new_tokens))
+
+
+class FleetBackend:
+    """``openai:URL[,URL...]``: a :class:`~memorywalker.samplers.vllm_server.ServerFleet`, a session's calls
+    on the server it was pinned to, no lock (the servers batch what is in flight)."""
+
+    concurrent = True
+
+    def __init__(self, fleet: ServerFleet):
+        self.fleet, self.policy = fleet, fleet
+        self.name = "openai:" + ",".join(s.url for s in fleet.servers)
+
+    def sample(self, call: Pending) -> PolicyOutput:
+        return self.fleet.sample(call.session, PolicyRequest(
+            prompt_ids=call.prompt_ids, messages=call.messages, tools=[t.name for t in call.tools],
+            purpose=call.purpose, call_index=0, seed=call.seed, max_new_tokens=call.max_new_tokens))
 
 
 # --- scripted -----------------------------------------------------------------------------------------
@@ -205,6 +224,10 @@ def make_backend(spec: str, *, model_dir: str | None, renderer: Renderer, temper
                             tokenizer=renderer.tok, max_model_len=max_positions)
         return SamplerBackend("vllm", policy, concurrent=False)
     if kind == "openai" and arg:
+        urls = [u for u in arg.split(",") if u]
+        if len(urls) > 1:
+            return FleetBackend(ServerFleet(urls, model=upstream_model or model_dir or "default", temperature=temperature,
+                                            stop_ids=stop, max_new_tokens=max_new_tokens))
         policy = OpenAIPolicy(arg, model=upstream_model or model_dir or "default", temperature=temperature, stop_ids=stop,
                               max_new_tokens=max_new_tokens, retries=0)
         return SamplerBackend(f"openai:{arg}", policy, concurrent=True)

@@ -31,6 +31,7 @@ from memorywalker.records.schema import Message, ToolCall, ToolSchema, Trajector
 from memorywalker.render.render import PromptCache, Renderer
 from memorywalker.render.toolcalls import PARSERS, parser_for
 from memorywalker.render.types import schemas_to_hf
+from memorywalker.samplers.vllm_server import BackendDown
 
 # Summarization requests, recognized by the prompt each harness sends (its own words; docs/gateway.md).
 SUMMARY_PROMPTS = {
@@ -113,6 +114,7 @@ class Gateway:
         self._counter = 0
         self.out.mkdir(parents=True, exist_ok=True)
         self.stats = {"calls": 0, "errors": 0, "sessions": 0}
+        self.backend_failures: dict[str, str] = {}  # rollout tag (or session id) -> why its server went down
 
     # --- sessions ---------------------------------------------------------------------------------
 
@@ -198,8 +200,13 @@ class Gateway:
             self._counter += 1
             seed = self.seed * 1_000_003 + self._counter
         sampling = time.monotonic()
-        out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
-                                          purpose))
+        try:
+            out = self.backend.sample(Pending(session.id, ids, text, request.messages, request.tools, limit, seed,
+                                              purpose))
+        except BackendDown as e:  # its server is gone: the session's rollout fails with this reason
+            with self._lock:
+                self.backend_failures.setdefault(session.tag or session.id, " ".join(str(e).split())[:300])
+            raise
         sampling = time.monotonic() - sampling
         reply, response = self._reply(request, out, len(ids))
         base = message_id(response)  # numbered past its repeats in the context, as assign_ids numbers them

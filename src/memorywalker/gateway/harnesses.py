@@ -36,6 +36,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,10 +162,11 @@ def settings_text(url: str, model: str, key: str) -> str:
 class HarnessRun:
     harness: str
     workspace: Workspace
-    returncode: int | None  # None: killed at the deadline
+    returncode: int | None  # None: killed (at the deadline, or when ``stopped``)
     seconds: float
     stdout: str
     stderr: str
+    stopped: bool = False  # killed because its run_harness(stop=) said so
 
     @property
     def ok(self) -> bool:
@@ -224,9 +226,12 @@ def workspace(workdir: Path | None = None, *, sandbox: bool = False, prefix: str
 
 def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "memorywalker",
                 files: dict[str, str] | None = None, deadline_s: float = 600, compact_tokens: int | None = None,
-                bin_dir: str | None = None, workdir: Path | None = None, sandbox: bool = False) -> HarnessRun:
+                bin_dir: str | None = None, workdir: Path | None = None, sandbox: bool = False,
+                stop: Callable[[], bool] | None = None) -> HarnessRun:
     """Run one ``harness`` session on ``prompt`` in a fresh workdir (``files`` placed in it) with a private
-    HOME, killed (its whole process group) at ``deadline_s``; under bubblewrap with ``sandbox``."""
+    HOME, killed (its whole process group) at ``deadline_s``, or as soon as ``stop()`` says so (checked every
+    half second: its model backend is gone, and a harness would retry it until its deadline); under
+    bubblewrap with ``sandbox``."""
     binary = find_binary(harness, bin_dir)
     ws = workspace(workdir, sandbox=sandbox, prefix=f"mw-{harness.partition(':')[0]}-")
     for name, text in (files or {}).items():
@@ -242,14 +247,21 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=ws.env(s.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, errors="replace")
-    try:
-        stdout, stderr = proc.communicate(timeout=deadline_s)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        code = None
-    return HarnessRun(harness, ws, code, time.monotonic() - started, stdout, stderr)
+    code: int | None = None
+    stopped = False
+    while True:
+        left = deadline_s - (time.monotonic() - started)
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.0, min(left, 0.5) if stop else left))
+            code = proc.returncode
+            break
+        except subprocess.TimeoutExpired:
+            stopped = stop is not None and stop()
+            if stopped or time.monotonic() - started >= deadline_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+                break
+    return HarnessRun(harness, ws, code, time.monotonic() - started, stdout, stderr, stopped)
 
 
 @dataclass

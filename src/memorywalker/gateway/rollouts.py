@@ -5,7 +5,9 @@ gateway's ``/r/TAG`` routes so its calls are tagged with the session (:mod:`.app
 ends, the gateway finalizes the tag's sessions into trajectories and the task's verifier scores the
 workdir (:mod:`.tasks`). A session **fails** — kept with its reason, never dropped or scored 0 in
 disguise — when the harness is killed at its deadline, exits non-zero, makes no call, or the verifier
-fails. ``memorywalker rl tasks=FILE harness=...`` runs a step's sessions through
+fails; or ``backend_down`` when a call of it found the gateway's backend gone (a ``vllm serve`` that
+died: the harness is stopped at once rather than left retrying until its deadline, and whatever it did
+afterwards is not scored). ``memorywalker rl tasks=FILE harness=...`` runs a step's sessions through
 :func:`run_sessions`.
 """
 
@@ -83,13 +85,17 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
         try:
             run = run_harness(harness, job.task.prompt, url=f"{url}/r/{job.tag}", model=model, files=job.task.files,
                               deadline_s=job.task.deadline_s or deadline_s, compact_tokens=compact_tokens,
-                              bin_dir=bin_dir, workdir=workdir, sandbox=sandbox)
+                              bin_dir=bin_dir, workdir=workdir, sandbox=sandbox,
+                              stop=lambda: _down(gateway, job.tag) is not None)
         finally:  # whatever happened to the process, its calls become trajectories
             result.trajectories = sorted(gateway.finalize_tag(job.tag),
                                          key=lambda t: t.lineage is not None and t.lineage.relation == "side")
         result.returncode, result.seconds = run.returncode, run.seconds
         result.harness_output = _ANSI.sub("", run.stderr.strip() or run.stdout.strip())[-2000:]
-        if run.returncode is None:
+        down = _down(gateway, job.tag)
+        if down is not None:
+            result.failed = down if down.startswith("backend_down") else f"backend_down: {down}"
+        elif run.returncode is None:
             result.failed = f"deadline: the harness was killed after {run.seconds:.0f} s"
         elif run.returncode != 0:
             last = (result.harness_output.splitlines() or [""])[-1].strip()
@@ -111,3 +117,8 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
     workroot.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(one, jobs))
+
+
+def _down(gateway, tag: str) -> str | None:
+    """The backend failure a call of the session tagged ``tag`` met (None: none)."""
+    return getattr(gateway, "backend_failures", {}).get(tag)

@@ -53,7 +53,9 @@ def normalize(weight: torch.Tensor, call: torch.Tensor, trajectory: torch.Tensor
 def reduce_denominator(denominators: Sequence[torch.Tensor], group=None) -> torch.Tensor:
     """Sum of the micro-batches' denominators, all-reduced over data-parallel ranks when
     ``torch.distributed`` is initialized. Call it once per optimizer step, on every rank."""
-    total = torch.stack([torch.as_tensor(d, dtype=torch.float64) for d in denominators]).sum()
+    # a rank with nothing to train this step (its harness sessions all failed) still takes part in the sum
+    total = torch.stack([torch.as_tensor(d, dtype=torch.float64) for d in denominators]).sum() if denominators \
+        else torch.zeros((), dtype=torch.float64)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=group)
     return total

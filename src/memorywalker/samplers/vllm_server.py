@@ -1,0 +1,370 @@
+"""A fleet of ``vllm serve`` processes as one sampler, and the trainer's weights pushed to every server.
+
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --worker-extension-cls \\
+        memorywalker.samplers.vllm_worker.WeightSyncExtension --return-tokens-as-token-ids \\
+        --logprobs-mode processed_logprobs --generation-config vllm --served-model-name NAME [your args]
+    memorywalker rl tasks=FILE harness=opencode rollout_engine=vllm-server vllm_servers=URL[,URL...] ...
+
+**Sampling.** :class:`ServerFleet` sends each call to one server through the completions API with the
+prompt as token ids (:class:`~memorywalker.samplers.openai.OpenAIPolicy`). A session is pinned to the
+server that answered its first call, so its growing prompt hits that server's prefix cache; a new
+session goes to the live server with the fewest sessions. Calls are not serialized here: every session
+has its calls in flight at once, and vLLM batches them. A server that stops answering (refused, reset,
+its ``/health`` gone) is **down**: the call fails with :class:`BackendDown` (``backend_down: URL: cause``),
+so do later calls of the sessions pinned to it; new sessions go to the servers left, and when none is
+left every call fails the same way.
+
+**Weight sync** (:meth:`ServerFleet.sync_weights`), through vLLM's own routes for it (the server's
+development API, ``VLLM_SERVER_DEV_MODE=1``): the trainer writes its weights (Hugging Face names) as
+safetensors shards in a directory every server can read (``/dev/shm`` when the servers are on this
+machine); each server, in turn, is paused (``POST /pause?mode=wait``: calls in flight finish under the
+old weights), told to load the directory (``POST /collective_rpc`` →
+:class:`~memorywalker.samplers.vllm_worker.WeightSyncExtension` on every worker: vLLM's in-place
+``reload_weights``, which fuses and shards as the server's own load does), its prefix cache reset (its
+keys/values are the old weights'), its ``weight_version`` set, and resumed. Each worker must report the
+tensors it read; anything else raises :class:`SyncError`. :meth:`ServerFleet.check_sync` is the proof:
+the prompt logprobs every server returns for a probe equal the trainer's own forward of the new
+weights. The NCCL broadcast route (vLLM's ``/init_weight_transfer_engine`` on GPUs) is not implemented.
+
+:func:`start_servers` starts the fleet itself (``vllm_serve_args``: the user's own vLLM arguments,
+tensor and data parallelism included) with the flags above, and stops it when the run ends.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorywalker.records.schema import Task
+from memorywalker.samplers.base import PolicyOutput, PolicyRequest
+from memorywalker.samplers.http import ErrorAnswer, post_within
+from memorywalker.samplers.openai import EndpointError, OpenAIPolicy
+
+EXTENSION = "memorywalker.samplers.vllm_worker.WeightSyncExtension"
+# What every server of a fleet must be started with (start_servers adds them; docs/harness-rl.md "At scale")
+REQUIRED_FLAGS = ["--worker-extension-cls", EXTENSION, "--return-tokens-as-token-ids",
+                  "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--max-logprobs", "20"]
+STARTUP_S = 600.0
+
+
+class BackendDown(ConnectionError):
+    """A server of the fleet is gone (or none is left); the message starts with ``backend_down:``."""
+
+
+class SyncError(ConnectionError):
+    """The weights did not reach a server (or it serves others than the trainer's): the run stops here,
+    before anything samples from stale weights (the CLI's one line, exit 2, as for a server it cannot reach)."""
+
+
+@dataclass
+class Server:
+    url: str
+    policy: OpenAIPolicy
+    sessions: int = 0  # sessions pinned to it since the last reset
+    down: str | None = None  # why it is gone, once it is
+
+
+@dataclass
+class ServerFleet:
+    """``vllm serve`` processes at ``urls`` serving ``model`` (its ``--served-model-name``); see the module
+    docstring. ``timeout``: seconds one completion may take."""
+
+    urls: list[str]
+    model: str
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    stop_ids: list[int] | None = None
+    timeout: float = 600.0
+    top_k: int = 5
+    servers: list[Server] = field(init=False)
+    _pinned: dict[str, Server] = field(init=False, default_factory=dict)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    name = "vllm-server"
+
+    def __post_init__(self):
+        if not self.urls:
+            raise ValueError("a fleet needs at least one server URL")
+        self.servers = [Server(u.rstrip("/").removesuffix("/v1"), OpenAIPolicy(
+            u, model=self.model, temperature=self.temperature, max_new_tokens=self.max_new_tokens, top_k=self.top_k,
+            timeout=self.timeout, stop_ids=self.stop_ids, retries=0)) for u in self.urls]
+
+    # --- sampling ---------------------------------------------------------------------------------------
+
+    def live(self) -> list[Server]:
+        return [s for s in self.servers if s.down is None]
+
+    def server_for(self, session: str) -> Server:
+        """The server ``session`` is pinned to (a new session: the live one with the fewest sessions)."""
+        with self._lock:
+            server = self._pinned.get(session)
+            if server is None:
+                live = self.live()
+                if not live:
+                    raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+                server = min(live, key=lambda s: s.sessions)
+                server.sessions += 1
+                self._pinned[session] = server
+        if server.down is not None:
+            raise BackendDown(f"backend_down: {server.url}: {server.down}")
+        return server
+
+    def sample(self, session: str, request: PolicyRequest) -> PolicyOutput:
+        server = self.server_for(session)
+        try:
+            return server.policy(request)
+        except EndpointError as e:
+            if _healthy(server.url):
+                raise  # the call failed, the server is up (a bad request, a timeout): not a dead server
+            with self._lock:
+                server.down = server.down or " ".join(str(e).split())[:300]
+            raise BackendDown(f"backend_down: {server.url}: {server.down}") from None
+
+    def __call__(self, request: PolicyRequest) -> PolicyOutput:  # the Policy protocol: one anonymous session
+        return self.sample(f"call-{request.seed}", request)
+
+    def generate_batch(self, prompts: list[list[int]], *, seeds: list[int],
+                       max_new_tokens: int | None = None) -> list[PolicyOutput]:
+        """Every prompt in flight at once (one thread each, the servers batch them); outputs in order. What the
+        lockstep episode runner calls; each row is its own session (``batch-SEED``)."""
+        from concurrent.futures import ThreadPoolExecutor  # lazy: only simulated-environment rollouts batch
+
+        def one(args):
+            prompt, seed = args
+            return self.sample(f"batch-{seed}", PolicyRequest(
+                prompt_ids=prompt, messages=[], tools=[], purpose="act", call_index=0, seed=seed,
+                max_new_tokens=max_new_tokens or self.max_new_tokens))
+
+        with ThreadPoolExecutor(max_workers=max(1, min(64, len(prompts)))) as pool:
+            return list(pool.map(one, zip(prompts, seeds, strict=True)))
+
+    def start(self, task: Task | None = None) -> None:
+        """A new step: sessions are placed afresh (a session id is never reused across steps)."""
+        with self._lock:
+            self._pinned.clear()
+            for s in self.servers:
+                s.sessions = 0
+
+    def mark_down(self, url: str, why: str) -> None:
+        """Take the server at ``url`` out of the fleet (another rank found it gone)."""
+        with self._lock:
+            for s in self.servers:
+                if s.url == url and s.down is None:
+                    s.down = why
+
+    def why_down(self) -> str:
+        return "; ".join(f"{s.url}: {s.down}" for s in self.servers if s.down is not None) or "none is down"
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "urls": [s.url for s in self.servers], "model": self.model,
+                "temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "top_k": self.top_k}
+
+    # --- weight sync ------------------------------------------------------------------------------------
+
+    def check_ready(self) -> None:
+        """Every server answers and exposes the development API the sync needs; else one line saying how
+        to start it."""
+        for s in self.servers:
+            try:
+                _get(s.url + "/weight_info", 10)
+            except ErrorAnswer as e:
+                raise SyncError(f"{s.url}: no weight-sync route (GET /weight_info: HTTP {e.code}): start vllm serve "
+                                f"with VLLM_SERVER_DEV_MODE=1 and {' '.join(REQUIRED_FLAGS)}") from None
+            except (OSError, http.client.HTTPException) as e:
+                raise BackendDown(f"backend_down: {s.url}: {_cause(e)}") from None
+
+    def sync_weights(self, path: str | Path, version: str, *, expect: int | None = None) -> float:
+        """Every live server loads the safetensors file or shard directory ``path`` and serves it as
+        ``version``; seconds taken. ``expect``: the tensors each worker must report reading."""
+        t0 = time.perf_counter()
+        for s in self.live():
+            if not _healthy(s.url):  # died since its last call: the others go on without it
+                self.mark_down(s.url, "its /health stopped answering")
+        live = self.live()
+        if not live:
+            raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+        for s in live:
+            try:
+                _post(s.url + "/pause?mode=wait", {}, self.timeout)
+                try:
+                    answer = _post(s.url + "/collective_rpc", {"method": "memorywalker_load_weights",
+                                                               "args": [str(path)], "timeout": self.timeout},
+                                   self.timeout)
+                    counts = (answer or {}).get("results")
+                    if not counts or any(not isinstance(c, int) and not str(c).isdigit() for c in counts) \
+                            or (expect is not None and any(int(c) != expect for c in counts)):
+                        raise SyncError(f"{s.url}: the workers answered {counts!r} to the weight load "
+                                        f"(expected {expect if expect is not None else 'a tensor count'} each)")
+                    _post(s.url + "/reset_prefix_cache", None, 60)  # cached keys/values are the old weights'
+                    _post(s.url + "/update_weight_version", {"new_version": version}, 60)
+                finally:
+                    _post(s.url + "/resume", {}, 60)
+            except ErrorAnswer as e:
+                raise SyncError(f"{s.url}: weight sync failed: HTTP {e.code}: "
+                                f"{' '.join(e.body.decode('utf-8', 'replace').split())[:300]}") from None
+            except (OSError, http.client.HTTPException) as e:
+                raise SyncError(f"{s.url}: weight sync failed: {_cause(e)}") from None
+        return time.perf_counter() - t0
+
+    def served_versions(self) -> dict[str, str]:
+        """url → the ``weight_version`` each live server reports."""
+        return {s.url: json.loads(_get(s.url + "/weight_info", 10))["weight_version"] for s in self.live()}
+
+    def prompt_logprobs(self, url: str, prompt: list[int]) -> list[float]:
+        """log p(prompt[i] | prompt[:i]) for i ≥ 1 as the server at ``url`` computes them, untempered (the
+        check that a sync took)."""
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": 1, "temperature": 1.0,
+                "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
+        rows = _post(url + "/v1/completions", body, self.timeout)["choices"][0]["prompt_logprobs"]
+        return [float(rows[i][str(t)]["logprob"]) for i, t in enumerate(prompt) if i > 0]
+
+    def check_sync(self, prompt: list[int], expected: list[float], *, tol: float) -> float:
+        """The largest |Δ logp| over live servers between their prompt logprobs of ``prompt`` and
+        ``expected`` (the trainer's forward of the weights just synced); :class:`SyncError` above ``tol``."""
+        worst = 0.0
+        for s in self.live():
+            got = self.prompt_logprobs(s.url, prompt)
+            diff = max((abs(a - b) for a, b in zip(got, expected, strict=True)), default=0.0)
+            if diff > tol:
+                raise SyncError(f"{s.url} does not serve the trainer's weights after the sync: max |Δ logp| "
+                                f"{diff:.3g} > {tol:g} on a {len(prompt)}-token probe")
+            worst = max(worst, diff)
+        return worst
+
+
+def _cause(e: BaseException) -> str:
+    return " ".join((str(getattr(e, "reason", None) or e) or type(e).__name__).split())[:300]
+
+
+def _post(url: str, body: Any, timeout: float) -> Any:
+    data = b"" if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    raw = post_within(req, timeout)
+    return json.loads(raw) if raw.strip() else None
+
+
+def _get(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read()
+    except urllib.error.HTTPError as e:
+        raise ErrorAnswer(e.code, str(e.reason), e.read()) from None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+# --- starting a fleet ---------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model_dir: str, *, port: int, served_name: str, tokenizer: str | None = None, dtype: str = "float32",
+                  max_model_len: int | None = None, args: str = "", python: str | None = None) -> list[str]:
+    """The ``vllm serve`` command line of one server of a fleet: :data:`REQUIRED_FLAGS`, then ``args``
+    (the user's own, shell-split: tensor/data parallelism, memory, CPU flags) which may override the rest."""
+    cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name, "--dtype", dtype,
+           *REQUIRED_FLAGS]
+    if tokenizer:
+        cmd += ["--tokenizer", str(tokenizer)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + shlex.split(args)
+
+
+@contextmanager
+def start_servers(model_dir: str, count: int, *, log_dir: Path, served_name: str, tokenizer: str | None = None,
+                  dtype: str = "float32", max_model_len: int | None = None, args: str = "", python: str | None = None,
+                  startup_s: float = STARTUP_S, log=print):
+    """Start ``count`` ``vllm serve`` processes on free loopback ports (logs in ``log_dir/server-I.log``);
+    yields their URLs once every ``/health`` answers, stops them (their process groups) on exit. A server
+    that exits or is not up within ``startup_s`` raises :class:`BackendDown` with its log's last line."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    procs: list[tuple[subprocess.Popen, str, Path]] = []
+    try:
+        for i in range(count):
+            port, path = _free_port(), log_dir / f"server-{i}.log"
+            cmd = serve_command(model_dir, port=port, served_name=served_name, tokenizer=tokenizer, dtype=dtype,
+                                max_model_len=max_model_len, args=args, python=python)
+            with open(path, "wb") as out:
+                procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                               start_new_session=True), f"http://127.0.0.1:{port}", path))
+            log(f"rl: vllm serve {i} starting on 127.0.0.1:{port} (log: {path})")
+        deadline = time.monotonic() + startup_s
+        for proc, url, path in procs:
+            while not _healthy(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    last = (path.read_text(errors="replace").strip().splitlines() or ["(empty log)"])[-1]
+                    why = f"exited {proc.returncode}" if proc.returncode is not None else f"not up after {startup_s:g} s"
+                    raise BackendDown(f"backend_down: vllm serve ({url}) {why}: {last[:300]} (log: {path})")
+                time.sleep(1.0)
+        yield [url for _, url, _ in procs]
+    finally:
+        for proc, _, _ in procs:
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+def write_shards(state_dict: dict, directory: str | Path, *, shard_mib: float = 1024.0) -> int:
+    """Write ``state_dict`` (names → tensors, moved to the CPU) as ``model-NNNNN.safetensors`` shards of at
+    most ``shard_mib`` MiB each (a tensor larger than that gets a shard of its own) into ``directory``,
+    replacing what was there; returns the tensors written."""
+    from safetensors.torch import save_file  # lazy: loads torch; this module loads at CLI start
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.safetensors"):
+        old.unlink()
+    cap, shard, size, n = int(shard_mib * 2**20), {}, 0, 0
+
+    def flush() -> None:
+        nonlocal shard, size, n
+        if shard:
+            save_file(shard, str(directory / f"model-{n:05d}.safetensors"))
+            shard, size, n = {}, 0, n + 1
+
+    for name, t in state_dict.items():
+        t = t.detach().to("cpu").contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shard and size + nbytes > cap:
+            flush()
+        shard[name], size = t, size + nbytes
+    flush()
+    return len(state_dict)

@@ -65,8 +65,8 @@ from tqdm import tqdm
 from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.errors import InputError
 from memorywalker.recipes.rl_config import RLConfig
-from memorywalker.records.schema import Trajectory
 from memorywalker.recipes.rl_servers import RolloutServers
+from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.render.render import eot_ids
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes

@@ -126,8 +126,9 @@ class RLConfig(TrainConfig):
             return self
         if self.harness is None or not is_known(self.harness):
             raise InputError(f"tasks= needs harness= one of {', '.join(PINNED)} or cmd:COMMAND (got {self.harness!r})")
-        if self.script is not None and self.rollout_engine != "hf":
-            raise InputError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
+        if self.script is not None and self.rollout_engine == "vllm":
+            raise InputError("script= scores the scripted responses with the weights being trained: rollout_engine=hf "
+                             "(or vllm-server)")
         if self.concurrency < 1:
             raise InputError(f"concurrency={self.concurrency}: at least one harness process")
         return self
@@ -147,8 +148,9 @@ class RLConfig(TrainConfig):
             raise InputError("off_policy_steps=1 runs harness sessions (tasks=FILE) in the background")
         if self.vllm_servers is None and self.vllm_serve < 1:
             raise InputError(f"vllm_serve={self.vllm_serve}: start at least one server, or give vllm_servers=URL")
-        if self.script is not None:
-            raise InputError("script= scores the scripted responses with the model being trained: rollout_engine=hf")
+        if self.script is not None and self.temperature != 1.0:
+            raise InputError(f"script= with rollout_engine=vllm-server scores the scripted responses with the servers' "
+                             f"prompt logprobs, which vLLM never tempers: temperature=1 (got {self.temperature})")
         return self
 
     @property

@@ -232,6 +232,17 @@ class ServerFleet:
         rows = _post(url + "/v1/completions", body, self.timeout)["choices"][0]["prompt_logprobs"]
         return [float(rows[i][str(t)]["logprob"]) for i, t in enumerate(prompt) if i > 0]
 
+    def score(self, prompt: list[int], response: list[int]) -> list[float]:
+        """Teacher-forced logprobs of ``response`` after ``prompt`` on a live server (a scripted session's
+        rollout logprobs). vLLM's prompt logprobs are untempered whatever the request's temperature, so this
+        is exact only at temperature 1 (the config refuses a script at any other)."""
+        if not response:
+            return []
+        live = self.live()
+        if not live:
+            raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+        return self.prompt_logprobs(live[0].url, list(prompt) + list(response))[len(prompt) - 1:]
+
     def check_sync(self, prompt: list[int], expected: list[float], *, tol: float) -> float:
         """The largest |Δ logp| over live servers between their prompt logprobs of ``prompt`` and
         ``expected`` (the trainer's forward of the weights just synced); :class:`SyncError` above ``tol``."""

@@ -1,0 +1,160 @@
+"""The ``vllm serve`` fleet's routing (:class:`~memorywalker.samplers.vllm_server.ServerFleet`), against small
+HTTP servers on loopback that answer the completions API the way vLLM does (the real ``vllm serve`` runs
+the same fleet in tests/test_vllm_fleet.py): a session stays on one server, new sessions go to the least
+loaded, calls are in flight at once, a server that dies takes its sessions down with
+``backend_down`` and leaves the others serving, and a fleet with none left says so in one line."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from memorywalker.gateway.backends import FleetBackend, Pending, make_backend
+from memorywalker.samplers.base import PolicyRequest
+from memorywalker.samplers.vllm_server import BackendDown, ServerFleet, serve_command, write_shards
+
+
+class FakeVLLM:
+    """A completions endpoint answering token ``self.token`` with logprob −0.5; ``gate`` (a barrier) makes
+    each request wait until that many are in flight at once."""
+
+    def __init__(self, token: int, gate: threading.Barrier | None = None):
+        fake = self
+        self.token, self.gate, self.prompts = token, gate, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._send({"ok": True} if self.path == "/health" else {"weight_version": "default"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.prompts.append(body["prompt"])
+                if fake.gate is not None:
+                    fake.gate.wait(timeout=30)
+                self._send({"choices": [{"text": "x", "finish_reason": "stop", "token_ids": [fake.token],
+                                         "logprobs": {"tokens": [f"token_id:{fake.token}"], "token_logprobs": [-0.5]}}]})
+
+            def _send(self, data):
+                raw = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def kill(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def request(seed: int = 0) -> PolicyRequest:
+    return PolicyRequest(prompt_ids=[1, 2, 3], messages=[], tools=[], purpose="act", call_index=0, seed=seed)
+
+
+@pytest.fixture
+def two():
+    servers = [FakeVLLM(10), FakeVLLM(20)]
+    yield servers
+    for s in servers:
+        try:
+            s.kill()
+        except OSError:
+            pass
+
+
+def test_a_session_stays_on_its_server_and_new_sessions_go_to_the_least_loaded(two):
+    """Sessions a, b, c in that order: a → server 0, b → server 1 (0 has one), c → server 0 (1–1, the first);
+    a's later calls stay on server 0, b's on 1 (answered tokens 10 and 20)."""
+    fleet = ServerFleet([s.url for s in two], model="kit", timeout=30)
+    got = {sid: fleet.sample(sid, request()).token_ids for sid in ("a", "b", "c", "a", "b", "a")}
+    assert got == {"a": [10], "b": [20], "c": [10]}
+    assert (len(two[0].prompts), len(two[1].prompts)) == (4, 2)
+    assert [s.sessions for s in fleet.servers] == [2, 1]
+    fleet.start()  # a new step: placement starts afresh
+    assert fleet.sample("c", request()).token_ids == [10] and fleet.sample("d", request()).token_ids == [20]
+
+
+def test_calls_of_many_sessions_are_in_flight_at_once():
+    """4 sessions on one server whose handler lets no request answer before 4 are in flight: through the
+    gateway's fleet backend (no lock) every call returns; a serial backend would wait out the barrier."""
+    server = FakeVLLM(7, gate=threading.Barrier(4))
+    try:
+        backend = FleetBackend(ServerFleet([server.url], model="kit", timeout=30))
+        assert backend.concurrent
+        out: dict[str, list[int]] = {}
+
+        def call(sid: str):
+            out[sid] = backend.sample(Pending(sid, [1, 2], "", [], [], 4, 0)).token_ids
+
+        threads = [threading.Thread(target=call, args=(f"s{k}",)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert out == {f"s{k}": [7] for k in range(4)} and not server.gate.broken
+    finally:
+        server.kill()
+
+
+def test_a_dead_server_fails_its_sessions_with_backend_down_and_the_others_go_on(two):
+    """Server 0 dies: session a (on it) fails ``backend_down: URL: ...``, and so does every later call of a;
+    b (on server 1) goes on, and a new session lands on server 1. Server 1 dies too: one line, every server
+    down, naming both."""
+    fleet = ServerFleet([s.url for s in two], model="kit", timeout=10)
+    fleet.sample("a", request())
+    fleet.sample("b", request())
+    two[0].kill()
+    with pytest.raises(BackendDown, match=f"^backend_down: {two[0].url}: "):
+        fleet.sample("a", request())
+    with pytest.raises(BackendDown, match=f"^backend_down: {two[0].url}"):
+        fleet.sample("a", request())
+    assert fleet.sample("b", request()).token_ids == [20] and fleet.sample("new", request()).token_ids == [20]
+    assert [s.url for s in fleet.live()] == [two[1].url]
+    two[1].kill()
+    with pytest.raises(BackendDown):
+        fleet.sample("b", request())
+    with pytest.raises(BackendDown, match="every vLLM server is down") as e:
+        fleet.sample("newer", request())
+    assert two[0].url in str(e.value) and two[1].url in str(e.value) and "\n" not in str(e.value)
+
+
+def test_openai_with_several_urls_is_a_fleet(kit, two):
+    from memorywalker.render import Renderer
+    from transformers import AutoTokenizer
+
+    renderer = Renderer(AutoTokenizer.from_pretrained(kit[0]))
+    backend = make_backend(f"openai:{two[0].url},{two[1].url}", model_dir=None, renderer=renderer, temperature=1.0,
+                           upstream_model="kit")
+    assert isinstance(backend, FleetBackend) and backend.name == f"openai:{two[0].url},{two[1].url}"
+    assert make_backend(f"openai:{two[0].url}", model_dir=None, renderer=renderer, temperature=1.0).concurrent
+
+
+def test_shards_hold_every_tensor_once_within_the_size_cap(tmp_path):
+    """5 tensors of 4,000 bytes (1,000 fp32) under a 0.01 MiB (10,485-byte) cap: 2 per shard, 3 shards;
+    a second write replaces the first's shards."""
+    import torch
+    from safetensors.torch import load_file
+
+    sd = {f"w{k}": torch.full((1000,), float(k)) for k in range(5)}
+    assert write_shards(sd, tmp_path, shard_mib=0.01) == 5
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    assert [sorted(load_file(p)) for p in shards] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    write_shards({"only": torch.zeros(3)}, tmp_path)
+    assert [sorted(load_file(p)) for p in sorted(tmp_path.glob("*.safetensors"))] == [["only"]]
+
+
+def test_the_serve_command_carries_the_flags_the_fleet_needs_then_the_users():
+    cmd = serve_command("m", port=8000, served_name="kit", args="--tensor-parallel-size 2 --max-logprobs 50")
+    for flag in ("--worker-extension-cls", "--return-tokens-as-token-ids", "processed_logprobs", "--served-model-name"):
+        assert flag in cmd
+    assert cmd[-4:] == ["--tensor-parallel-size", "2", "--max-logprobs", "50"]  # the user's last: they win

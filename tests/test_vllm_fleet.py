@@ -34,6 +34,7 @@ CPU_ARGS = "--enforce-eager --kv-cache-memory-bytes 536870912 --no-enable-chunke
 CALLER = """\
 import os, sys, time
 from openai import OpenAI
+open("session.txt", "w").write(os.environ["MEMORYWALKER_BASE_URL"])  # .../r/s{step}-t{task}-{sample}
 client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="x", max_retries=0, timeout=120)
 messages = [{"role": "user", "content": os.environ["MEMORYWALKER_PROMPT"]}]
 for _ in range(5):
@@ -186,3 +187,27 @@ def test_a_sync_that_cannot_happen_stops_the_run_before_anything_samples(kit, se
     (line,) = [x for x in p.stderr.splitlines() if "error:" in x]
     assert "weight sync before step 0 failed" in line and "does not serve the trainer's weights" in line, line
     assert not (tmp_path / "strict" / "rollouts" / "step-0.sessions.jsonl").exists()
+
+
+def test_one_step_off_policy_samples_the_next_step_from_the_weights_before_the_update(kit, served, caller, tmp_path):
+    """``off_policy_steps=1``, 3 steps: step k+1's sessions run while step k trains, so step 1's rollout
+    logprobs are those of the initial weights (a plain forward, 1e-5) and step 2's those after one update
+    (checkpoint step 1), not after two; the log says staleness 0, 1, 1."""
+    harness_rl = load_script("harness_rl")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "prompt": "Say something.",
+                                 "verifier": "grep -q -- '-0$' session.txt && echo 1 || echo 0.25"}) + "\n")
+    run = tmp_path / "run"
+    p = rl(kit, served, run, tasks, caller, "vllm_serve=1", f"vllm_serve_args={CPU_ARGS}", "vllm_max_model_len=4096",
+           "off_policy_steps=1", "prompts_per_step=1", "group_size=2", "steps=3", "lr=1e-2", "save_every=1",
+           "keep_checkpoints=3", "max_new_tokens=8")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["staleness"], m["weight_version"]) for m in metrics] == [(0, 0, 1), (1, 1, 2), (2, 1, 3)]
+    gap = harness_rl.reference_gap
+    on_initial = gap(served, None, run / "rollouts" / "step-1.jsonl")
+    on_first = gap(served, run / "checkpoints" / "step-000001", run / "rollouts" / "step-2.jsonl")
+    on_second = gap(served, run / "checkpoints" / "step-000002", run / "rollouts" / "step-2.jsonl")
+    assert on_initial["targets"] > 0 and on_initial["max"] <= 1e-5, on_initial
+    assert on_first["targets"] > 0 and on_first["max"] <= 1e-5, on_first
+    assert on_second["max"] > 1e-3, on_second  # the weights moved: the check can tell them apart

@@ -37,6 +37,14 @@ measure the cross-engine mismatch, which ``tis_cap`` / ``rollout_is`` / ``rollou
 (given by URL or started here) and pushes the weights to every server after each update, proving they
 arrived (:mod:`memorywalker.recipes.rl_servers`; docs/harness-rl.md, "At scale").
 
+**One step off-policy** (``off_policy_steps=1``, with ``vllm-server``): step k+1's sessions run on the
+servers while step k trains (a thread of this process drives them; nothing in it talks to the other
+ranks), from the weights before step k's update; the servers get the new weights once those sessions
+have ended. Each step logs its ``staleness`` (updates between sampling and training: 1, the first step
+0); the PPO ratio is against the rollout logprobs, and ``rollout_is=sequence`` corrects the staleness
+as it corrects the engine mismatch. A checkpoint does not hold the next step's sessions: a resumed run
+collects that step again, from the checkpoint's weights.
+
 **Ranks.** Under torchrun each rank rolls out its contiguous share of the step's tasks (harness
 sessions through a gateway of its own on its loopback: a task's whole GRPO group runs and trains on
 one rank, so its advantage sees every session of it) and trains its share; rank 0 writes the step's
@@ -54,6 +62,7 @@ Programmatic use (what ``memorywalker demo`` does)::
 
 from __future__ import annotations
 
+import concurrent.futures
 import statistics
 import time
 from collections.abc import Callable
@@ -178,6 +187,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     collected: list[dict] = []  # episodes this process rolled out (ids go to the training manifest)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"rl {cfg.method}", unit="step",
                disable=not (progress and info.is_main))
+    ahead = None  # off_policy_steps=1: (the next step's sessions running in `background`, its cursor, weights)
+    background = closing.enter_context(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-ahead"))
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
 
@@ -185,12 +196,24 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         micro_groups: list[list[list[Trajectory]]] = []
         session_metrics: dict = {}
         if sessions is not None:  # real harness sessions through the gateway (recipes/rl_harness.py)
-            tasks, cursor = sessions.next_tasks(cursor)
-            with gathered(model) if servers is None else nullcontext():  # a fleet samples: nothing gathered here
-                groups, results, session_metrics = sessions.collect(step, tasks)  # this rank's tasks' groups
+            if ahead is not None:  # off_policy_steps=1: collected while the last step trained, from older weights
+                ran, cursor, sampled_with = ahead[0].result(), ahead[1], ahead[2]
+                ahead = None
+            else:
+                tasks, cursor = sessions.next_tasks(cursor)
+                sessions.prepare(step)
+                with gathered(model) if servers is None else nullcontext():  # a fleet samples: nothing gathered here
+                    ran = sessions.run(step, tasks)  # this rank's tasks' sessions
+                sampled_with = step  # the weights after `step` updates
+            groups, results, session_metrics = sessions.finish(step, ran)  # rank 0 writes every rank's records
             if servers is not None:
                 servers.share_down()
                 servers.check_alive()  # every server gone: one line, on every rank
+                session_metrics["staleness"] = step - sampled_with  # updates between sampling and training
+            if cfg.off_policy_steps and step + 1 < cfg.steps:  # the next step's sessions, from these weights
+                upcoming, after = sessions.next_tasks(cursor)
+                sessions.prepare(step + 1)  # collectives stay in this thread; the background one has none
+                ahead = (background.submit(sessions.run, step + 1, upcoming), after, step)
             micro_groups = [[g for g in mb if g] for mb in rank_micro_batches(groups, DistInfo(), cfg.grad_accum)]
             rewards = [r.reward for r in results if r.failed is None]  # rank 0: every rank's sessions
         else:
@@ -222,6 +245,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         if cfg.rollout_engine == "vllm":  # the next step's rollouts sample from the weights just updated
             metrics["weight_sync_seconds"] = policy.sync_weights(merged_state_dict(model))
         elif servers is not None:  # pushed to every server and proven there before anything samples again
+            if ahead is not None:
+                concurrent.futures.wait([ahead[0]])  # the next step's sessions finish on the weights they began with
             metrics.update(servers.sync(model, step + 1))
 
         rows = [r for rank_rows in gather_objects([_episode_row(t) for t in episodes]) for r in rank_rows]

@@ -83,11 +83,21 @@ class HarnessRollouts:
 
     def collect(self, step: int, tasks: list[HarnessTask]) -> tuple[list[list[Trajectory]], list[SessionResult], dict]:
         """The step's sessions of this rank's share of ``tasks`` (every rank's tasks of the step, in order):
-        (one GRPO group of main lines per task of this rank, the results — on rank 0 every rank's —, metrics)."""
-        cfg, info = self.cfg, self.info
-        if info.is_main:
+        (one GRPO group of main lines per task of this rank, the results — on rank 0 every rank's —, metrics).
+        Every rank calls it (it gathers); :meth:`prepare`, :meth:`run` and :meth:`finish` in a row."""
+        self.prepare(step)
+        return self.finish(step, self.run(step, tasks))
+
+    def prepare(self, step: int) -> None:
+        """Before a step's sessions, on every rank: an interrupted run's records of it moved aside (rank 0)."""
+        if self.info.is_main:
             self._set_aside(step)
         barrier()  # nothing of this step is written before an interrupted run's records are out of the way
+
+    def run(self, step: int, tasks: list[HarnessTask]) -> tuple:
+        """This rank's sessions of the step, nothing shared with the other ranks (so it may run in a thread
+        beside training: ``off_policy_steps=1``); what :meth:`finish` takes."""
+        cfg, info = self.cfg, self.info
         out = self.root / f"step-{step}"
         if info.world_size > 1:
             out = out / f"rank-{info.rank}"
@@ -106,17 +116,21 @@ class HarnessRollouts:
                                    deadline_s=cfg.deadline, compact_tokens=cfg.compact_at, bin_dir=cfg.harness_bin,
                                    sandbox=self.sandbox, workroot=workroot, keep_workdirs=cfg.keep_workdirs,
                                    verifier_timeout_s=cfg.verifier_timeout)
-        seconds = time.perf_counter() - started
+        return len(mine), results, time.perf_counter() - started
+
+    def finish(self, step: int, ran: tuple) -> tuple[list[list[Trajectory]], list[SessionResult], dict]:
+        """Every rank: its groups; rank 0: every rank's sessions gathered, the step's records written."""
+        n_tasks, results, seconds = ran
         trained = []  # per session, its main line when it joins its group's advantage
         for r in results:
             main = r.main
-            if main is not None and (r.failed is None or cfg.failed_sessions == "zero"):
+            if main is not None and (r.failed is None or self.cfg.failed_sessions == "zero"):
                 main.reward = r.reward if r.failed is None else 0.0
                 trained.append(main)
             else:
                 trained.append(None)
-        g = cfg.group_size
-        groups = [[t for t in trained[i * g:(i + 1) * g] if t is not None] for i in range(len(mine))]
+        g = self.cfg.group_size
+        groups = [[t for t in trained[i * g:(i + 1) * g] if t is not None] for i in range(n_tasks)]
         everyone = gather_to_main((results, [t is not None for t in trained], seconds))  # rank 0 only
         if everyone is None:
             return groups, results, self._metrics(results, seconds)

@@ -309,12 +309,13 @@ def serve_command(model_dir: str, *, port: int, served_name: str, tokenizer: str
 @contextmanager
 def start_servers(model_dir: str, count: int, *, log_dir: Path, served_name: str, tokenizer: str | None = None,
                   dtype: str = "float32", max_model_len: int | None = None, args: str = "", python: str | None = None,
-                  startup_s: float = STARTUP_S, log=print):
+                  startup_s: float = STARTUP_S, env: list[dict[str, str]] | None = None, log=print):
     """Start ``count`` ``vllm serve`` processes on free loopback ports (logs in ``log_dir/server-I.log``);
     yields their URLs once every ``/health`` answers, stops them (their process groups) on exit. A server
-    that exits or is not up within ``startup_s`` raises :class:`BackendDown` with its log's last line."""
+    that exits or is not up within ``startup_s`` raises :class:`BackendDown` with its log's last line.
+    ``env``: per server, variables added to its environment (``CUDA_VISIBLE_DEVICES``: its GPUs)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    base = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     procs: list[tuple[subprocess.Popen, str, Path]] = []
     try:
         for i in range(count):
@@ -322,7 +323,7 @@ def start_servers(model_dir: str, count: int, *, log_dir: Path, served_name: str
             cmd = serve_command(model_dir, port=port, served_name=served_name, tokenizer=tokenizer, dtype=dtype,
                                 max_model_len=max_model_len, args=args, python=python)
             with open(path, "wb") as out:
-                procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**base, **(env or [{}] * count)[i]},
                                                start_new_session=True), f"http://127.0.0.1:{port}", path))
             log(f"rl: vllm serve {i} starting on 127.0.0.1:{port} (log: {path})")
         deadline = time.monotonic() + startup_s

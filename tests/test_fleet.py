@@ -129,8 +129,9 @@ def test_a_dead_server_fails_its_sessions_with_backend_down_and_the_others_go_on
 
 
 def test_openai_with_several_urls_is_a_fleet(kit, two):
-    from memorywalker.render import Renderer
     from transformers import AutoTokenizer
+
+    from memorywalker.render import Renderer
 
     renderer = Renderer(AutoTokenizer.from_pretrained(kit[0]))
     backend = make_backend(f"openai:{two[0].url},{two[1].url}", model_dir=None, renderer=renderer, temperature=1.0,

@@ -163,3 +163,17 @@ def test_prompts_per_step_must_split_over_the_ranks(kit, tmp_path):
     out, _ = p.communicate(timeout=300)
     assert p.returncode != 0 and "prompts_per_step=3 must be divisible by world_size × grad_accum = 2 × 1" in out
     assert not (tmp_path / "run" / "rollouts").exists()
+
+
+def test_the_gpu_scripts_multi_rank_form_runs_at_tiny_size_on_the_cpu(kit, tmp_path):
+    """``scripts/gpu_harness_rl.py --device cpu --ranks 2``: the form a lent GPU node runs (torchrun ranks,
+    ``rl tasks=``), here with gloo and the small agent; it writes a table of one step of 2 tasks × 2 sessions."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "gpu_harness_rl.py"), "--device", "cpu",
+                        "--ranks", "2", "--engine", "hf", "--model", str(kit[1]), "--tokenizer", str(kit[0]),
+                        "--harness", AGENT, "--dtype", "float32", "--steps", "1", "--group", "2", "--max-new-tokens", "24",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "exit 0" and [s["step"] for s in results["steps"]] == [0]
+    assert results["steps"][0]["sessions"] == 4 and "| step | sessions |" in (out / "table.md").read_text()

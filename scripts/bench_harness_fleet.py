@@ -13,7 +13,8 @@ session, its real ~7K-token prompts) with ``--concurrency`` processes at once, t
 :class:`~memorywalker.gateway.core.Gateway`), and reports sessions per minute (wall clock), calls, and
 per call the gateway's added latency: the round trip inside the gateway (``latency_s``) minus the
 backend's own share (``sample_s``, a serial backend's queue included): rendering with the chat
-template, tokenizing, parsing, journaling. ``hf`` samples in this process, one call at a time (the
+template, tokenizing, parsing, journaling; the time a call waited behind another call of its own
+session (``wait_s``: OpenCode sends its title call beside its first turn) is neither. ``hf`` samples in this process, one call at a time (the
 model object a trainer would hold); ``vllm-server`` sends every call to ``--servers`` ``vllm serve``
 processes started here (one session per server, all in flight). Default threads; the machine's CPUs
 are shared by the harness processes, the gateway and the samplers, as in a run. Writes ``table.md``
@@ -60,7 +61,8 @@ def cell(backend, renderer, args, harness: str, concurrency: int, out: Path, pos
         if (out / "trajectories.jsonl").exists() else []
     journals = [json.loads(x) for p in sorted((out / "sessions").glob("*.jsonl.done")) for x in p.read_text().splitlines()]
     records = [r for r in journals if r.get("kind") == "call"]
-    overhead = sorted(1000 * (r["latency_s"] - r["sample_s"]) for r in records)
+    overhead = sorted(1000 * (r["latency_s"] - r["sample_s"] - r.get("wait_s", 0.0)) for r in records)
+    waits = sorted(1000 * r.get("wait_s", 0.0) for r in records)
     sample = sorted(1000 * r["sample_s"] for r in records)
     failed = [r.failed for r in results if r.failed]
     return {"concurrency": concurrency, "sessions": len(results), "failed": len(failed),
@@ -70,7 +72,7 @@ def cell(backend, renderer, args, harness: str, concurrency: int, out: Path, pos
             "prompt_tokens_mean": round(statistics.fmean(len(r["context_tokens"]) for r in records)) if records else None,
             "response_tokens": sum(len(r["response_tokens"]) for r in records),
             "gateway_ms_p50": _q(overhead, 0.5), "gateway_ms_p95": _q(overhead, 0.95),
-            "sample_ms_p50": _q(sample, 0.5), "sample_ms_p95": _q(sample, 0.95)}
+            "sample_ms_p50": _q(sample, 0.5), "sample_ms_p95": _q(sample, 0.95), "session_wait_ms_p95": _q(waits, 0.95)}
 
 
 def _q(xs: list[float], q: float) -> float | None:

@@ -177,16 +177,19 @@ class Gateway:
         while True:
             ids = None if header else self.render(request, None)[1]
             session = self.session_for(header, ids, tag)
+            waiting = time.monotonic()
             session.lock.acquire()  # one call of a session at a time: its sequence order is the journal's
+            waited = time.monotonic() - waiting
             if not session.closed:
                 break
             session.lock.release()  # finalized while this call waited (idle reaper): a new part
         try:
-            return self._serve_locked(request, session, raw, started)
+            return self._serve_locked(request, session, raw, started, waited)
         finally:
             session.lock.release()
 
-    def _serve_locked(self, request: Request, session: Session, raw: dict | None, started: float) -> tuple[Reply, dict]:
+    def _serve_locked(self, request: Request, session: Session, raw: dict | None, started: float,
+                      waited: float = 0.0) -> tuple[Reply, dict]:
         """The call, with ``session.lock`` held (see :meth:`serve`)."""
         text, ids = self.render(request, session)
         if len(ids) >= self.max_positions:
@@ -224,6 +227,7 @@ class Gateway:
             "parse_error": reply.parse_error, "ignored": request.ignored,
             "latency_s": round(time.monotonic() - started, 4),  # in the gateway, sampling included
             "sample_s": round(sampling, 4),  # the backend's share (a serial backend's queue included)
+            "wait_s": round(waited, 4),  # behind another call of the same session (a harness's concurrent calls)
         }
         if self.keep_requests and raw is not None:
             record["request"] = raw

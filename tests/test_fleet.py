@@ -159,3 +159,21 @@ def test_the_serve_command_carries_the_flags_the_fleet_needs_then_the_users():
     for flag in ("--worker-extension-cls", "--return-tokens-as-token-ids", "processed_logprobs", "--served-model-name"):
         assert flag in cmd
     assert cmd[-4:] == ["--tensor-parallel-size", "2", "--max-logprobs", "50"]  # the user's last: they win
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"rollout_engine": "vllm-server"}, "samples harness sessions (tasks=FILE"),
+    ({"vllm_servers": "http://127.0.0.1:1"}, "vllm_servers= needs rollout_engine=vllm-server"),
+    ({"off_policy_steps": 1, "tasks": "t.jsonl", "harness": "opencode"}, "off_policy_steps=1 needs rollout_engine=vllm-server"),
+    ({"off_policy_steps": 2, "tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server"}, "0 (on-policy) or 1"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "vllm_serve": 0}, "start at least one"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "script": "s.yaml",
+      "temperature": 0.7}, "vLLM never tempers: temperature=1"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm", "script": "s.yaml"}, "rollout_engine=hf"),
+])
+def test_the_fleets_settings_are_refused_in_one_line_where_they_cannot_work(keys, message):
+    from memorywalker.errors import InputError
+    from memorywalker.recipes.rl import RLConfig
+
+    with pytest.raises((InputError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        RLConfig(model="m", **keys)

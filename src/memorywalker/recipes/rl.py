@@ -218,7 +218,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
             rewards = [r.reward for r in results if r.failed is None]  # rank 0: every rank's sessions
         else:
             tasks, cursor = next_tasks(env, cfg.suite, cfg.prompts_per_step, split=cfg.split, start=cursor)
-            with gathered(model) if servers is None else nullcontext():  # fsdp: data-dependent forwards, none may communicate
+            with gathered(model):  # fsdp: sampling runs data-dependent forwards, so none may communicate
                 for mb_tasks in rank_micro_batches(tasks, info, cfg.grad_accum):
                     # the micro-batch's episodes in lockstep: one batched forward per sampled token for all
                     jobs = [EpisodeJob(task, call_seed(cfg.seed, step, task.id, j), f"{task.id}-step{step}-r{j}",

@@ -142,10 +142,11 @@ class RLConfig(TrainConfig):
                 raise InputError("off_policy_steps=1 needs rollout_engine=vllm-server (the servers sample the next "
                                  "step while this one trains)")
             return self
+        if self.tasks is None:  # the lockstep episode runner batches in process: hf or vllm
+            raise InputError("rollout_engine=vllm-server samples harness sessions (tasks=FILE harness=...); rollouts "
+                             "in a simulated environment use rollout_engine=hf or vllm")
         if self.off_policy_steps not in (0, 1):
             raise InputError(f"off_policy_steps={self.off_policy_steps}: 0 (on-policy) or 1")
-        if self.off_policy_steps and self.tasks is None:
-            raise InputError("off_policy_steps=1 runs harness sessions (tasks=FILE) in the background")
         if self.vllm_servers is None and self.vllm_serve < 1:
             raise InputError(f"vllm_serve={self.vllm_serve}: start at least one server, or give vllm_servers=URL")
         if self.script is not None and self.temperature != 1.0:

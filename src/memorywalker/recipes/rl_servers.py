@@ -50,28 +50,32 @@ class RolloutServers:
     def __init__(self, cfg, tokenizer, info: DistInfo, run_dir: Path, closing: ExitStack, *, positions: int,
                  stop_ids: list[int], log=print):
         self.cfg, self.info, self.log = cfg, info, log
-        urls = None
-        if info.is_main:
-            if cfg.vllm_servers:
-                urls = [u.strip() for u in cfg.vllm_servers.split(",") if u.strip()]
-            else:
-                urls = closing.enter_context(start_servers(
-                    cfg.model, cfg.vllm_serve, log_dir=run_dir / "vllm-serve", served_name=cfg.served_name,
-                    tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or positions,
-                    args=cfg.vllm_serve_args, python=cfg.vllm_python, log=log))
-        urls = broadcast_from_main(urls)
+        urls, error, self.sync_dir = None, None, None
+        if info.is_main:  # rank 0 starts (or finds) the fleet; every rank learns the URLs, or why there are none
+            try:
+                if cfg.vllm_servers:
+                    urls = [u.strip() for u in cfg.vllm_servers.split(",") if u.strip()]
+                else:
+                    urls = closing.enter_context(start_servers(
+                        cfg.model, cfg.vllm_serve, log_dir=run_dir / "vllm-serve", served_name=cfg.served_name,
+                        tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or positions,
+                        args=cfg.vllm_serve_args, python=cfg.vllm_python, log=log))
+                ServerFleet(urls, model=cfg.served_name).check_ready()
+            except OSError as e:  # BackendDown, SyncError: a server that is not there or cannot be synced
+                error = str(e)
+        urls, error = broadcast_from_main((urls, error))
+        if error is not None:
+            raise SyncError(error)
         self.fleet = ServerFleet(urls, model=cfg.served_name, temperature=cfg.temperature,
                                  max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids, timeout=cfg.deadline)
         self.probe = tokenizer(PROBE, add_special_tokens=False)["input_ids"][:64]
-        self.local = all(urlparse(u).hostname in ("127.0.0.1", "localhost", "::1") for u in urls)
-        self.sync_dir = None
+        local = all(urlparse(u).hostname in ("127.0.0.1", "localhost", "::1") for u in urls)
         if info.is_main:
-            self.fleet.check_ready()
             if cfg.weight_sync_dir:
                 self.sync_dir = Path(cfg.weight_sync_dir)
             else:
                 shm = Path("/dev/shm")
-                root = shm if self.local and shm.is_dir() else run_dir
+                root = shm if local and shm.is_dir() else run_dir
                 self.sync_dir = Path(tempfile.mkdtemp(prefix="memorywalker-weights-", dir=root))
                 closing.callback(shutil.rmtree, self.sync_dir, ignore_errors=True)
             log(f"rl: sampling from {len(urls)} vLLM server(s): {', '.join(urls)}; weights synced through {self.sync_dir}")

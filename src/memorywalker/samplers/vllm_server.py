@@ -137,21 +137,6 @@ class ServerFleet:
     def __call__(self, request: PolicyRequest) -> PolicyOutput:  # the Policy protocol: one anonymous session
         return self.sample(f"call-{request.seed}", request)
 
-    def generate_batch(self, prompts: list[list[int]], *, seeds: list[int],
-                       max_new_tokens: int | None = None) -> list[PolicyOutput]:
-        """Every prompt in flight at once (one thread each, the servers batch them); outputs in order. What the
-        lockstep episode runner calls; each row is its own session (``batch-SEED``)."""
-        from concurrent.futures import ThreadPoolExecutor  # lazy: only simulated-environment rollouts batch
-
-        def one(args):
-            prompt, seed = args
-            return self.sample(f"batch-{seed}", PolicyRequest(
-                prompt_ids=prompt, messages=[], tools=[], purpose="act", call_index=0, seed=seed,
-                max_new_tokens=max_new_tokens or self.max_new_tokens))
-
-        with ThreadPoolExecutor(max_workers=max(1, min(64, len(prompts)))) as pool:
-            return list(pool.map(one, zip(prompts, seeds, strict=True)))
-
     def start(self, task: Task | None = None) -> None:
         """A new step: sessions are placed afresh (a session id is never reused across steps)."""
         with self._lock:

@@ -12,6 +12,11 @@ of the round trip is the gateway: HTTP, parsing, rendering with the chat templat
 fsyncing the journal, the SSE stream. p50/p95 at 1 and 8 concurrent sessions, default threads.
 With ``--model DIR --backend hf`` the gateway serves that model (its own tokenizer and template) and
 samples; a reply without a tool call is followed by "Go on." so every session makes ``--calls`` calls.
+With ``--backend openai:URL[,URL...]`` the samples come from ``vllm serve`` of ``--model`` (a fleet for
+several URLs: every call in flight, no lock), as ``rl rollout_engine=vllm-server`` has them::
+
+    python scripts/bench_gateway.py --out runs/bench-gateway-vllm --model KIT64 --tokenizer KIT_TOK \
+        --backend openai:http://127.0.0.1:8000 --upstream-model kit --max-new-tokens 64
 """
 
 from __future__ import annotations
@@ -67,7 +72,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-gateway"))
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", help="a local HF dir or packaged model (default: the kit Llama, built here)")
-    ap.add_argument("--backend", default=None, help="hf | scripted (default: scripted)")
+    ap.add_argument("--backend", default=None, help="hf | scripted | openai:URL[,URL...] (`vllm serve` of --model; "
+                                                   "default: scripted)")
+    ap.add_argument("--tokenizer", default=None, help="with --model: its tokenizer dir, when not inside it")
+    ap.add_argument("--upstream-model", default=None, help="with openai:URL: the servers' --served-model-name")
     ap.add_argument("--system-chars", type=int, default=60000)
     ap.add_argument("--max-new-tokens", type=int, default=512)
     args = ap.parse_args()
@@ -77,17 +85,19 @@ def main() -> None:
             build_model(kit / "model", build_tokenizer(kit / "tok"), max_positions=65536)
         model, tokenizer = str(kit / "model"), str(kit / "tok")
     else:
-        model, tokenizer = args.model, None
+        model, tokenizer = args.model, args.tokenizer
     (args.out / "script.yaml").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "script.yaml").write_text(SCRIPT)
-    backend = "hf" if args.backend == "hf" else f"scripted:{args.out / 'script.yaml'}"
+    backend = args.backend if args.backend in ("hf",) or (args.backend or "").startswith("openai:") \
+        else f"scripted:{args.out / 'script.yaml'}"
     corpus = "\n\n".join(bundled_corpus()) + "\n\n"
     # 60,000 characters: with the tools, about Claude Code's first prompt
     system = (corpus * (args.system_chars // len(corpus) + 1))[:args.system_chars]
     rows = {}
     for concurrency in (1, 8):
         out = args.out / f"c{concurrency}"
-        gw = build_gateway(model, backend, out, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens)
+        gw = build_gateway(model, backend, out, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
+                           upstream_model=args.upstream_model)
         trips: list[tuple[str, int, float]] = []
         with BackgroundServer(gw) as url:
             session(url, -1, 2, system, [])  # warm-up (first forward, first template render)

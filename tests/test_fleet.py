@@ -7,6 +7,7 @@ loaded, calls are in flight at once, a server that dies takes its sessions down 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -177,3 +178,41 @@ def test_the_fleets_settings_are_refused_in_one_line_where_they_cannot_work(keys
 
     with pytest.raises((InputError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
         RLConfig(model="m", **keys)
+
+
+def test_a_session_whose_server_died_fails_as_backend_down_and_its_harness_is_stopped(kit, two, tmp_path):
+    """Through the gateway and ``run_sessions`` (what ``rl tasks=`` runs): a harness whose one call finds its
+    server dead (502), then waits as a retrying harness would, is stopped at once — not at its 300 s
+    deadline — and its session fails ``backend_down: URL: ...``; a session on the live server finishes."""
+    from transformers import AutoTokenizer
+
+    from memorywalker.gateway.core import Gateway
+    from memorywalker.gateway.rollouts import SessionJob, run_sessions
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.gateway.tasks import HarnessTask
+    from memorywalker.render import Renderer
+
+    renderer = Renderer(AutoTokenizer.from_pretrained(kit[0]))
+    eot = sorted(renderer.eot_ids)[0]
+    for s in two:
+        s.token = eot  # an empty reply that ends the turn
+    fleet = ServerFleet([s.url for s in two], model="kit", timeout=10)
+    gateway = Gateway(renderer, FleetBackend(fleet), tmp_path / "out", model_name="kit", max_positions=2048,
+                      max_new_tokens=8)
+    one_call = ("import os, sys, time, urllib.request, urllib.error; "
+                "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', headers={'Content-Type': "
+                "'application/json'}, data=b'{\"model\": \"kit\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}')\n"
+                "try:\n    urllib.request.urlopen(req, timeout=60).read()\n"
+                "except urllib.error.HTTPError:\n    time.sleep(300)\n")
+    (tmp_path / "one_call.py").write_text(one_call)
+    harness = f"cmd:{sys.executable} {tmp_path / 'one_call.py'}"
+    fleet.server_for("warm")  # server 0 has one session: the next goes to server 1, the one after to server 0
+    task = HarnessTask(id="t", prompt="p", verifier="true")
+    two[0].kill()
+    with BackgroundServer(gateway) as url:
+        first = run_sessions(gateway, url, [SessionJob(task, 0, "a")], harness, model="kit", deadline_s=300,
+                             workroot=tmp_path / "w")
+        second = run_sessions(gateway, url, [SessionJob(task, 1, "b")], harness, model="kit", deadline_s=300,
+                              workroot=tmp_path / "w2")
+    assert first[0].failed is None and first[0].reward == 1.0  # on server 1
+    assert second[0].failed.startswith(f"backend_down: {two[0].url}: ") and second[0].seconds < 60, second[0].failed

@@ -162,7 +162,7 @@ class Gateway:
             raise BadRequest(f"the model's chat template refuses this conversation: {e}") from None
         cache = session.cache if session is not None else PromptCache()
         ids = self.renderer.encode_continuing(text, cache)
-        if self.renderer.tok.decode(ids, skip_special_tokens=False) != text:  # never deliver other text than rendered
+        if self.renderer.decode(ids) != text:  # never deliver other text than rendered
             ids = self.renderer.tok(text, add_special_tokens=False)["input_ids"]
         return text, ids
 

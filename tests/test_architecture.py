@@ -36,6 +36,7 @@ TIERS = [
     {"recipes"},
     {"integrations"},
     {"cli"},
+    {"__main__"},  # python -m memorywalker: the CLI, for launchers that take a module (torchrun, accelerate)
 ]
 TIER = {pkg: i for i, tier in enumerate(TIERS) for pkg in tier}
 

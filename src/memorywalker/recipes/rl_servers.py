@@ -87,13 +87,12 @@ class RolloutServers:
         t0 = time.perf_counter()
         self.share_down()  # a server a session found dead on any rank is out for the sync and the next step
         weights = main_rank_weights(model, is_main=self.info.is_main)  # sharded: every rank gathers, rank 0 keeps
-        error, seconds = None, 0.0
-        version = f"step-{step}"
+        error, version = None, f"step-{step}"
         if self.info.is_main:
             try:
                 n = write_shards(weights, self.sync_dir)
                 del weights
-                seconds = self.fleet.sync_weights(self.sync_dir, version, expect=n)
+                self.fleet.sync_weights(self.sync_dir, version, expect=n)
                 served = self.fleet.served_versions()
                 stale = {u: v for u, v in served.items() if v != version}
                 if stale:
@@ -112,8 +111,8 @@ class RolloutServers:
         self.share_down()  # servers rank 0 found dead while syncing
         if errors:
             raise SyncError(f"rl: weight sync before step {step} failed, the run stops before sampling: {errors[0]}")
-        return {"weight_sync_seconds": time.perf_counter() - t0 if self.info.is_main else seconds,
-                "sync_max_abs_diff": worst, "weight_version": step}
+        # seconds from gathering the weights to the probe's answer; the version the servers now report
+        return {"weight_sync_seconds": time.perf_counter() - t0, "sync_max_abs_diff": worst, "weight_version": step}
 
     @torch.no_grad()
     def _probe_logprobs(self, model) -> list[float]:

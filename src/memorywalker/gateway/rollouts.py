@@ -93,8 +93,8 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
         result.returncode, result.seconds = run.returncode, run.seconds
         result.harness_output = _ANSI.sub("", run.stderr.strip() or run.stdout.strip())[-2000:]
         down = _down(gateway, job.tag)
-        if down is not None:
-            result.failed = down if down.startswith("backend_down") else f"backend_down: {down}"
+        if down is not None:  # "backend_down: URL: cause"
+            result.failed = down
         elif run.returncode is None:
             result.failed = f"deadline: the harness was killed after {run.seconds:.0f} s"
         elif run.returncode != 0:
@@ -120,5 +120,5 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
 
 
 def _down(gateway, tag: str) -> str | None:
-    """The backend failure a call of the session tagged ``tag`` met (None: none)."""
-    return getattr(gateway, "backend_failures", {}).get(tag)
+    """Why the server of the session tagged ``tag`` went down, when a call of it found it gone (None: it did not)."""
+    return gateway.backend_failures.get(tag)

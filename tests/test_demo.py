@@ -52,7 +52,8 @@ def test_outputs_are_written(demo):
             assert len(r["rl_steps"]["reward_mean"]) == TINY.rl_steps
     assert list(saved["stage_seconds"]) == ["kit", "pretraining", "expert episodes", "warm start",
                                             "methods (side by side)", "report"]
-    assert sum(saved["stage_seconds"].values()) <= saved["seconds_total"]
+    # each stage and the total are rounded to 0.1 s: their sum may pass the total by up to 0.05 s a term
+    assert sum(saved["stage_seconds"].values()) <= saved["seconds_total"] + 0.05 * (len(saved["stage_seconds"]) + 1)
     for name in ("reward.png", "gap_by_branches.png", "gap_over_steps.png", "index.html", "table.md"):
         assert (out / name).stat().st_size > 0
     assert (out / "table.md").read_text().strip() == results_table(doc).strip()

@@ -80,17 +80,18 @@ def metrics_of(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_ranks_train_what_one_rank_trains_and_write_one_record_per_step(kit, tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_train_what_one_rank_trains_and_write_one_record_per_step(kit, tmp_path, parallel):
     """The same two steps of 2 tasks × 2 scripted sessions on 1 process and on 2 gloo ranks (each rank its
-    task and its group): per step the same loss and gradient norm, the same final weights (1e-5), and
-    per step one ``step-N.sessions.jsonl`` of 4 rows — each session once, rank 0's task first."""
+    task and its group; replicated or sharded): per step the same loss and gradient norm, the same final
+    weights, and per step one ``step-N.sessions.jsonl`` of 4 rows — each session once, rank 0's task first."""
     tasks, script = setup_run(tmp_path)
     # adam_eps=1 keeps Adam's update smooth in the gradient: with 1e-8 a gradient entry near 0 takes a
     # full ±lr step whose sign a rounding difference decides (the FSDP equality tests do the same)
     same = dict(steps=2, lr=0.1, adam_eps=1.0)
     one = train(RLConfig(**keys(kit, tasks, script, tmp_path / "one", **same)), progress=False)
-    p = torchrun(keys(kit, tasks, script, tmp_path / "two", **same), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                 text=True)
+    p = torchrun(keys(kit, tasks, script, tmp_path / "two", parallel=parallel, **same), stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out[-3000:]
     two = metrics_of(tmp_path / "two")

@@ -61,9 +61,9 @@ def rl(kit, served, run_dir: Path, tasks: Path, harness: str, *extra: str, ranks
 
 
 def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_proven(kit, served, tmp_path):
-    """``torchrun --nproc-per-node 2 -m memorywalker rl tasks=FILE harness=opencode rollout_engine=vllm-server``:
-    2 steps of 2 tasks × 2 OpenCode sessions, each rank its task, every call sampled by the one server the
-    recipe started. The proof of the sync: step 1's rollout logprobs, as the server returned them, equal a
+    """``torchrun --nproc-per-node 2 -m memorywalker rl tasks=FILE harness=opencode rollout_engine=vllm-server
+    parallel=fsdp``: 2 steps of 2 tasks × 2 OpenCode sessions, each rank its task, every call sampled by the
+    one server the recipe started, the weights it gets gathered from the shards on rank 0. The proof of the sync: step 1's rollout logprobs, as the server returned them, equal a
     plain ``model(input_ids)`` forward of the weights after step 0's update (checkpoint step 1) within
     1e-5, and differ from the weights before it by more than 1e-3; step 0's equal the initial weights'."""
     from memorywalker.gateway.harnesses import find_binary
@@ -81,6 +81,7 @@ def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_pro
     run = tmp_path / "run"
     p = rl(kit, served, run, tasks, "opencode", "prompts_per_step=2", "group_size=2", "steps=2", "concurrency=2",
            "max_new_tokens=16", "lr=1e-2", "save_every=1", "keep_checkpoints=3", "deadline=300", "vllm_serve=1",
+           "parallel=fsdp",
            f"vllm_serve_args={CPU_ARGS}", "vllm_max_model_len=32768", ranks=2)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -92,11 +93,25 @@ def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_pro
     assert [(r["tag"], r["rank"]) for r in rows] == [("s1-t0-0", 0), ("s1-t0-1", 0), ("s1-t1-0", 1), ("s1-t1-1", 1)]
     gap = harness_rl.reference_gap
     step0 = gap(served, None, run / "rollouts" / "step-0.jsonl")
-    new = gap(served, run / "checkpoints" / "step-000001", run / "rollouts" / "step-1.jsonl")
+    new = gap(served, whole_weights(run / "checkpoints" / "step-000001", tmp_path / "w1"), run / "rollouts" / "step-1.jsonl")
     old = gap(served, None, run / "rollouts" / "step-1.jsonl")
     assert step0["targets"] > 0 and step0["max"] <= 1e-5, step0
     assert new["targets"] > 0 and new["max"] <= 1e-5, new
     assert old["max"] > 1e-3, old
+
+
+def whole_weights(checkpoint: Path, out: Path) -> Path:
+    """A sharded (DCP) checkpoint's model weights as one ``model.safetensors`` in ``out`` (torch's own
+    converter), for the plain forward of the reference."""
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(checkpoint / "dcp", out / "whole.pt")
+    model = torch.load(out / "whole.pt", weights_only=False)["model"]
+    save_file({k: v.contiguous() for k, v in model.items()}, out / "model.safetensors")
+    return out
 
 
 @pytest.fixture

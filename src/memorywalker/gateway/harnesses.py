@@ -162,11 +162,10 @@ def settings_text(url: str, model: str, key: str) -> str:
 class HarnessRun:
     harness: str
     workspace: Workspace
-    returncode: int | None  # None: killed (at the deadline, or when ``stopped``)
+    returncode: int | None  # None: killed (at the deadline, or when run_harness's ``stop()`` said so)
     seconds: float
     stdout: str
     stderr: str
-    stopped: bool = False  # killed because its run_harness(stop=) said so
 
     @property
     def ok(self) -> bool:
@@ -248,7 +247,6 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
     proc = subprocess.Popen(argv, cwd=cwd, env=ws.env(s.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, errors="replace")
     code: int | None = None
-    stopped = False
     while True:
         left = deadline_s - (time.monotonic() - started)
         try:
@@ -256,12 +254,11 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
             code = proc.returncode
             break
         except subprocess.TimeoutExpired:
-            stopped = stop is not None and stop()
-            if stopped or time.monotonic() - started >= deadline_s:
+            if (stop is not None and stop()) or time.monotonic() - started >= deadline_s:
                 os.killpg(proc.pid, signal.SIGKILL)
                 stdout, stderr = proc.communicate()
                 break
-    return HarnessRun(harness, ws, code, time.monotonic() - started, stdout, stderr, stopped)
+    return HarnessRun(harness, ws, code, time.monotonic() - started, stdout, stderr)
 
 
 @dataclass

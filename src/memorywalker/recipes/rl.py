@@ -123,8 +123,6 @@ def rollout_policy(cfg: RLConfig, model, tokenizer, info, stop_ids: list[int] | 
     if cfg.rollout_engine == "hf":
         return HFPolicy.from_model(engine_model(model), tokenizer, temperature=cfg.temperature,
                                    max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids)
-    if cfg.rollout_engine == "vllm-server":
-        raise ValueError("rollout_engine=vllm-server: the fleet is RolloutServers(...).fleet")
     if info.world_size > 1:
         raise InputError("rollout_engine=vllm runs beside one training process; with several ranks use "
                          "rollout_engine=hf (one engine per rank is not supported yet)")

@@ -53,8 +53,8 @@ from memorywalker.records.schema import Task
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
 from memorywalker.samplers.http import ErrorAnswer, post_within
 from memorywalker.samplers.openai import EndpointError, OpenAIPolicy
+from memorywalker.samplers.vllm import EXTENSION  # the in-process engine's worker extension: the same route
 
-EXTENSION = "memorywalker.samplers.vllm_worker.WeightSyncExtension"
 # What every server of a fleet must be started with (start_servers adds them; docs/harness-rl.md "At scale")
 REQUIRED_FLAGS = ["--worker-extension-cls", EXTENSION, "--return-tokens-as-token-ids",
                   "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--max-logprobs", "20"]
@@ -108,6 +108,9 @@ class ServerFleet:
     def live(self) -> list[Server]:
         return [s for s in self.servers if s.down is None]
 
+    def _none_left(self) -> BackendDown:
+        return BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+
     def server_for(self, session: str) -> Server:
         """The server ``session`` is pinned to (a new session: the live one with the fewest sessions)."""
         with self._lock:
@@ -115,7 +118,7 @@ class ServerFleet:
             if server is None:
                 live = self.live()
                 if not live:
-                    raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+                    raise self._none_left()
                 server = min(live, key=lambda s: s.sessions)
                 server.sessions += 1
                 self._pinned[session] = server
@@ -181,7 +184,7 @@ class ServerFleet:
                 self.mark_down(s.url, "its /health stopped answering")
         live = self.live()
         if not live:
-            raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+            raise self._none_left()
         for s in live:
             try:
                 _post(s.url + "/pause?mode=wait", {}, self.timeout)
@@ -189,9 +192,9 @@ class ServerFleet:
                     answer = _post(s.url + "/collective_rpc", {"method": "memorywalker_load_weights",
                                                                "args": [str(path)], "timeout": self.timeout},
                                    self.timeout)
-                    counts = (answer or {}).get("results")
-                    if not counts or any(not isinstance(c, int) and not str(c).isdigit() for c in counts) \
-                            or (expect is not None and any(int(c) != expect for c in counts)):
+                    # the route answers each worker's count as text: one per worker, each the tensors written
+                    counts = [int(c) if str(c).isdigit() else None for c in (answer or {}).get("results") or []]
+                    if not counts or None in counts or (expect is not None and set(counts) != {expect}):
                         raise SyncError(f"{s.url}: the workers answered {counts!r} to the weight load "
                                         f"(expected {expect if expect is not None else 'a tensor count'} each)")
                     _post(s.url + "/reset_prefix_cache", None, 60)  # cached keys/values are the old weights'
@@ -225,7 +228,7 @@ class ServerFleet:
             return []
         live = self.live()
         if not live:
-            raise BackendDown(f"backend_down: every vLLM server is down ({self.why_down()})")
+            raise self._none_left()
         return self.prompt_logprobs(live[0].url, list(prompt) + list(response))[len(prompt) - 1:]
 
     def check_sync(self, prompt: list[int], expected: list[float], *, tol: float) -> float:

@@ -303,10 +303,21 @@ def _transform_backward(head: OutputHead, u: torch.Tensor, grad_z: torch.Tensor,
     return grad_z
 
 
+TRANSPARENT_HOOKS = "_memorywalker_transparent_hooks"  # ids of hooks that leave a head's output as it is
+
+
+def mark_transparent(module: torch.nn.Module, *handles) -> None:
+    """Record that these hooks on ``module`` change neither its inputs' values nor its output (a
+    sharded step's bookkeeping), so the head still counts as a plain linear layer."""
+    module.__dict__.setdefault(TRANSPARENT_HOOKS, set()).update(h.id for h in handles)
+
+
 def _plain_linear(module: torch.nn.Module) -> bool:
-    """A bare ``nn.Linear`` whose forward is just ``F.linear`` (no hooks, no adapter, no offloading)."""
-    return (type(module) is torch.nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
-            and not hasattr(module, "_hf_hook"))
+    """A bare ``nn.Linear`` whose forward is just ``F.linear`` (no hooks but transparent ones, no
+    adapter, no offloading)."""
+    ours = module.__dict__.get(TRANSPARENT_HOOKS, ())
+    hooks = [k for k in (*module._forward_hooks, *module._forward_pre_hooks) if k not in ours]
+    return type(module) is torch.nn.Linear and not hooks and not hasattr(module, "_hf_hook")
 
 
 def target_logprobs(head: OutputHead, hidden: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,

@@ -6,15 +6,21 @@ sharded DCP checkpoints, a consolidated Hugging Face export.
         --config configs/sft_tiny.toml parallel=fsdp
 
 **Per-layer sharding.** Each decoder layer is gathered for its forward and resharded after it, gathered
-again for its backward and its gradient reduce-scattered (summed) after it, FSDP2's defaults; the root
-unit (embedding, final norm, LM head) stays gathered from a step's first forward to the end of its
-backward. Those collectives come from inside the model, once per pass, and the engine's number of passes
+again for its backward and its gradient reduce-scattered (summed) after it, FSDP2's defaults. The input
+embedding (untied) is a unit of its own, gathered for the lookup only (its backward needs no weights:
+``set_unshard_in_backward(False)``), its gradient reduce-scattered at the end of each backward. The LM
+head is a :class:`HeadShards` (with tied embeddings: the one matrix both use): the engine applies it
+outside the model's forward, to the captured hidden states a chunk at a time, so the step schedule
+gathers it for each forward-backward window and reduce-scatters its gradient as soon as the head's own
+backward has run (tied: at the end of the backward, after the last lookup's). The root unit is what is
+left (the final norm). Those collectives come from inside the model, once per pass, and the engine's number of passes
 depends on the trees a rank holds, so the recipes run every step inside a
 :class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on each pass before it, and a rank
 with less to do runs empty ones. A radix backward spans several forwards of each layer, so each forward
 hands its gradient to FSDP at once (:func:`reduce_per_forward`) and it is reduce-scattered after that
 forward's backward. Between steps a rank holds its shard of the parameters, gradients and AdamW
-moments; during one, its shards plus the layer being computed (and the root unit) and the activations.
+moments; during one, its shards plus the layer being computed, the head while a window uses it, the
+embedding's gradient during a backward, and the activations.
 
 Passes with no backward and a data-dependent count that would make per-pass agreement costly (sampling
 rollouts: one forward per token; the no-grad π_old pass) run inside :func:`gathered`: every layer
@@ -38,12 +44,15 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import weakref
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn.utils.stateless import (
     _reparametrize_module,  # what torch.func.functional_call runs, without re-entering the module's hooks
 )
@@ -92,7 +101,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
                 activation_checkpointing: bool = False) -> torch.nn.Module:
-    """``fully_shard`` each decoder layer, then the root, over a 1-D mesh of every rank (in place).
+    """``fully_shard`` each decoder layer and the input embedding, shard the LM head as a
+    :class:`HeadShards`, then ``fully_shard`` the root (what is left: the final norm), over a 1-D mesh of
+    every rank (in place).
 
     ``mixed_precision`` (e.g. ``"bfloat16"``): parameters are all-gathered and computed in that dtype,
     gradients reduced in float32; the sharded master weights keep the model's dtype.
@@ -100,7 +111,8 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     """
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32) \
+    param_dtype = getattr(torch, mixed_precision) if mixed_precision else None
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
     if activation_checkpointing:
         enable_activation_checkpointing(model)
@@ -108,7 +120,12 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
     layers = decoder_layers(root)
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)  # resharded after forward and after backward
-    fully_shard(root, mesh=mesh, mp_policy=policy)  # the root unit stays gathered through a step
+    head = HeadShards(root, mesh, param_dtype)
+    embedding = root.get_input_embeddings()
+    if not head.tied:  # tied: the head's unit holds the embedding matrix too
+        fully_shard(embedding, mesh=mesh, mp_policy=policy)
+        embedding.set_unshard_in_backward(False)  # a lookup's backward reads the ids, not the weights
+    fully_shard(root, mesh=mesh, mp_policy=policy, ignored_params=set(head.shards))
     # Backward prefetch named per layer, not FSDP's default (the forward order recorded since the last
     # backward, which counts a gathered() block's no-grad passes: a different length on each rank). On a
     # GPU the root prefetches the top layer and each layer the one below, so a gather overlaps the layer's
@@ -126,6 +143,119 @@ def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
         m.set_force_sum_reduction_for_comms(True)
         m.set_reduce_scatter_unused_params(True)
     return model
+
+
+def _free_storage(p: torch.Tensor) -> None:
+    """Free a gathered weight once its gradient is in: every node of the backward that read it has run
+    (local; the gradient waits for :meth:`HeadShards.release`, where every rank reduces it)."""
+    p.untyped_storage().resize_(0)
+
+
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine model -> its HeadShards
+
+
+def head_shards(model: torch.nn.Module) -> HeadShards | None:
+    """The sharded LM head of a model :func:`shard_model` sharded, or of its PEFT wrapper (None otherwise)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _HEADS.get(base)
+
+
+class HeadShards:
+    """The LM head's parameters (with tied embeddings: the matrix the embedding shares) sharded over
+    the mesh by rows as DTensors, which the optimizer, the checkpoints and the state dicts see, and
+    gathered whole only while a pass uses them.
+
+    Not an FSDP unit: FSDP gathers a unit around its module's forward, and the engine applies the head
+    outside the model's forward, to the captured hidden states of every forward of a buffer, a chunk of
+    targets at a time (:mod:`memorywalker.engine.head`), a number of times that differs between ranks.
+    So the gathers and reductions are placed where every rank is at the same point:
+    :class:`memorywalker.train.sharded_step.StepSchedule` calls :meth:`gather` at the first forward after
+    a backward (an agreed pass) and :meth:`release` ``(reduce=True)`` once the head's gradient is
+    complete; :func:`gathered` around its block. ``gather`` all-gathers each shard (in ``param_dtype``
+    under mixed precision) into a whole leaf parameter put in the modules' place, on which autograd
+    accumulates the gradient; ``release`` reduce-scatters (sums, in float32 under mixed precision) that
+    gradient into the shard's ``.grad`` and puts the shards back. Rows not divisible by the world size
+    are padded for the collectives (rank r holds ``torch.chunk``'s r-th block, as FSDP2 does).
+    """
+
+    def __init__(self, root: torch.nn.Module, mesh, param_dtype: torch.dtype | None):
+        head = root.get_output_embeddings()
+        if head is None:
+            raise InputError(f"{type(root).__name__} has no output embeddings to shard: not a causal LM")
+        params = [p for p in (getattr(head, "weight", None), getattr(head, "bias", None)) if p is not None]
+        self.module = head
+        self.mesh, self.group, self.param_dtype = mesh, mesh.get_group(), param_dtype
+        self.world = dist.get_world_size(self.group)
+        self.tied = any(p is getattr(root.get_input_embeddings(), "weight", None) for p in params)
+        # every (module, name) holding one of these parameters: the head's, and a tied embedding's
+        self.slots = [[(m, n) for m in root.modules() for n, q in m._parameters.items() if q is p] for p in params]
+        self.shards = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]), requires_grad=p.requires_grad)
+                       for p in params]
+        self.full: list[torch.nn.Parameter] | None = None
+        self._install(self.shards)
+        _HEADS[root] = self
+
+    @property
+    def is_gathered(self) -> bool:
+        return self.full is not None
+
+    def _install(self, params) -> None:
+        for slots, p in zip(self.slots, params, strict=True):
+            for module, name in slots:
+                module._parameters[name] = p
+
+    def _rows(self, shard: torch.Tensor) -> int:
+        return -(-shard.shape[0] // self.world)  # rows per rank, the last ranks' padded
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        """All-gather every shard into a whole parameter in the modules (collective; no-op if gathered)."""
+        if self.full is not None:
+            return
+        full = []
+        for s in self.shards:
+            local, rows = s.to_local(), self._rows(s)
+            dtype = self.param_dtype or s.dtype
+            mine = local.new_zeros((rows, *s.shape[1:]), dtype=dtype)
+            mine[: len(local)] = local
+            whole = local.new_empty((rows * self.world, *s.shape[1:]), dtype=dtype)
+            dist.all_gather_single(whole, mine, group=self.group)
+            p = torch.nn.Parameter(whole[: s.shape[0]], requires_grad=s.requires_grad)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(_free_storage)
+            full.append(p)
+        self.full = full
+        self._install(full)
+
+    @torch.no_grad()
+    def release(self, *, reduce: bool) -> None:
+        """Put the shards back; with ``reduce``, first add the whole gradient, summed over the ranks, to
+        each shard's ``.grad`` (collective: every rank reduces, a missing gradient as zeros). No-op
+        when not gathered."""
+        if self.full is None:
+            return
+        full, self.full = self.full, None
+        self._install(self.shards)
+        if not reduce:
+            return
+        for s, p in zip(self.shards, full, strict=True):
+            if not s.requires_grad:
+                continue
+            rows, dtype = self._rows(s), torch.float32 if self.param_dtype else s.dtype
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            flat = grad.new_zeros((rows * self.world, *s.shape[1:]), dtype=dtype)
+            flat[: s.shape[0]] = grad
+            del grad
+            p.grad = None
+            out = flat.new_empty((rows, *s.shape[1:]))
+            dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.group)
+            del flat
+            grad = DTensor.from_local(out[: s.to_local().shape[0]].to(s.dtype), self.mesh, [Shard(0)],
+                                      shape=s.shape, stride=s.stride())
+            if s.grad is None:
+                s.grad = grad
+            else:
+                s.grad.add_(grad)  # a later backward of the step
 
 
 class _GradientNow(torch.autograd.Function):
@@ -207,16 +337,23 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 def gathered(model: torch.nn.Module):
     """Run a block of passes without backward (rollouts, π_old) on whole parameters, nothing
     communicating inside it: every FSDP module all-gathers once on entry and stays gathered across the
-    block's forwards; the exit reshards (local). A no-op for an unsharded model."""
+    block's forwards, and so does the LM head (:class:`HeadShards`); the exit reshards (local). A
+    no-op for an unsharded model."""
     mods = fsdp_modules(model)
     layers = mods[1:]  # the root keeps FSDP's own rule (gathered until the backward)
+    head = head_shards(model)
     for m in layers:
         m.set_reshard_after_forward(False, recurse=False)
     for m in mods:
         m.unshard()
+    opened = head is not None and not head.is_gathered
+    if opened:
+        head.gather()
     try:
         yield model
     finally:
+        if opened:
+            head.release(reduce=False)
         for m in layers:
             m.set_reshard_after_forward(True, recurse=False)
         for m in mods:

@@ -20,7 +20,7 @@ next — a forward with grad, a forward without, a backward, or nothing (the ste
 
 * the largest wish wins; the ranks that wished it do their real pass;
 * every other rank does an *empty* pass of that kind instead — a one-token forward whose output only
-  enters the backward as ``0 * logits.sum()``, or a backward through the empty forwards it ran since
+  enters the backward as a zero-weight term (``0 * h.sum()`` of the head's input ``h``), or a backward through the empty forwards it ran since
   its last backward — and asks again. A rank that has finished keeps doing empty passes until every rank
   says done (:meth:`StepSchedule.finish`), as DDP's ``Join`` does for uneven inputs.
 
@@ -34,14 +34,26 @@ forward's share after that forward's own backward (:func:`memorywalker.train.fsd
 no layer's unsharded gradient outlives its backward.
 
 Per step that is one tiny all-reduce per pass, plus, per forward with grad on the rank with the most: one
-all-gather of each layer in forward, one in backward and one reduce-scatter — the FSDP price of a
-micro-batch, paid per radix forward. The cached ancestor keys/values of the radix schedule are
-activations of earlier forwards, not parameters: they hold no layer gathered. The root unit (embedding,
-final norm, LM head) stays gathered from its first forward to the end of the backward, so the engine's
-chunked head runs on whole weights.
+all-gather of each layer in forward, one in backward and one reduce-scatter, and one all-gather of the
+input embedding — the FSDP price of a micro-batch, paid per radix forward. The cached ancestor
+keys/values of the radix schedule are activations of earlier forwards, not parameters: they hold no
+layer gathered.
+
+**The LM head** (:class:`memorywalker.train.fsdp.HeadShards`) is applied by the engine outside the
+model's forward, to the hidden states every forward of a buffer captured, a chunk of targets at a time —
+a number of uses that differs between ranks. So it is gathered at the first forward of each window
+(the forwards between two backwards: an agreed pass), stays whole while the window's forwards and the
+engine's chunked loss use it, and is released as soon as its gradient is complete: inside the backward,
+by an identity on the head's input whose backward runs once the chunked loss's (and a KL term's)
+backward has delivered the gradient of that input — before any layer's backward, on every rank alike
+(each forward's zero-weight term is taken from the head's input, so every backward crosses it); with a
+tied embedding, at the end of the backward, after the last lookup's. The model's own call of the head
+inside its forward (one row, whose logits only :func:`memorywalker.engine.head.check_head_logits` reads)
+runs without grad, so no autograd node keeps the whole head for later. The embedding is an FSDP unit
+gathered for the lookup only; its gradient is reduce-scattered at the end of each backward.
 
 The passes inside :func:`memorywalker.train.fsdp.gathered` (rollouts, the no-grad π_old pass) are a
-different regime: every layer stays gathered and nothing communicates.
+different regime: every layer and the head stay gathered and nothing communicates.
 """
 
 from __future__ import annotations
@@ -51,7 +63,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from memorywalker.train.fsdp import fsdp_modules, local_device
+from memorywalker.engine.head import mark_transparent
+from memorywalker.train.fsdp import fsdp_modules, head_shards, local_device
 
 DONE, BACKWARD, FORWARD, GRAD_FORWARD = 0, 1, 2, 3  # what a rank wishes next; the largest wish runs
 
@@ -77,6 +90,10 @@ class StepSchedule:
         self._quiet = False  # inside our own pass (an empty forward, a backward's recomputation): no wishes
         self._hooks: list = []
         self._device = local_device(self.root) if self.active else None
+        self.head = head_shards(self.root) if self.active else None
+        self._in_model = False  # inside the model's own forward (where its head call is only looked at)
+        self._head_input = None  # the head's input in the model's last forward
+        self._grad_mode: list[bool] = []
 
     # --- the block -------------------------------------------------------------------------------------
 
@@ -87,6 +104,12 @@ class StepSchedule:
                 self.root.register_forward_pre_hook(self._before_forward, prepend=True),
                 self.root.register_forward_hook(self._after_forward),
             ]
+            if self.head is not None:
+                head = self.head.module
+                own = [head.register_forward_pre_hook(self._before_head, prepend=True),
+                       head.register_forward_hook(self._after_head, always_call=True)]
+                mark_transparent(head, *own)
+                self._hooks += own
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -98,6 +121,8 @@ class StepSchedule:
                 h.remove()
             self._hooks = []
             self._anchors = []
+            if self.head is not None:
+                self.head.release(reduce=False)  # a block of no-grad passes, or an error: nothing to reduce
 
     def finish(self) -> None:
         """Run empty passes until every rank is done. Collective; called on leaving the block."""
@@ -140,20 +165,42 @@ class StepSchedule:
             torch.autograd.backward(roots)
         finally:
             self._quiet = False
+        if self.head is not None:  # every rank at the same point: the head's gradient is complete
+            self.head.release(reduce=True)
 
     def _before_forward(self, module, args) -> None:
-        if self._quiet:
-            return
-        grad = torch.is_grad_enabled()
-        self._wait_for_turn(GRAD_FORWARD if grad else FORWARD)
-        self.counts["grad_forwards" if grad else "forwards"] += 1
+        if not self._quiet:
+            grad = torch.is_grad_enabled()
+            self._wait_for_turn(GRAD_FORWARD if grad else FORWARD)
+            self.counts["grad_forwards" if grad else "forwards"] += 1
+        self._in_model, self._head_input = True, None
 
     def _after_forward(self, module, args, output) -> None:
+        self._in_model = False
         if self._quiet or not torch.is_grad_enabled():
             return
-        logits = output.logits if hasattr(output, "logits") else output[0]
-        if logits is not None and logits.requires_grad:
-            self._anchors.append(logits.float().sum() * 0.0)
+        self._anchor()
+
+    def _anchor(self) -> None:
+        """Tie this forward into the next backward with a zero-weight term: through the head's input,
+        which every use of the head's output flows back through (the whole network below it)."""
+        h = self._head_input
+        if h is not None and h.requires_grad:
+            self._anchors.append(h.float().sum() * 0.0)
+        self._head_input = None
+
+    def _before_head(self, module, args) -> None:
+        """The model's own head call: record its input and compute the call without grad (its one row
+        of logits is only looked at), so no autograd node keeps the whole head for a later backward."""
+        if not self._in_model:
+            return  # the engine's own use of the head (the chunked loss)
+        self._head_input = args[0]
+        self._grad_mode.append(torch.is_grad_enabled())
+        torch.set_grad_enabled(False)
+
+    def _after_head(self, module, args, output) -> None:
+        if self._in_model and self._grad_mode:
+            torch.set_grad_enabled(self._grad_mode.pop())
 
     def _empty(self, wish: int) -> None:
         """This rank's stand-in for a pass another rank runs."""
@@ -165,9 +212,9 @@ class StepSchedule:
         self._quiet = True
         try:
             with torch.set_grad_enabled(wish == GRAD_FORWARD):
-                out = self.root(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self._device), use_cache=False)
+                self.root(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self._device), use_cache=False)
                 if wish == GRAD_FORWARD:
-                    self._anchors.append(out.logits.float().sum() * 0.0)
+                    self._anchor()
         finally:
             self._quiet = False
 
@@ -177,6 +224,9 @@ class StepSchedule:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
             self.counts["rounds"] += 1
             turn = int(agreed.item())
+            if turn in (FORWARD, GRAD_FORWARD) and self.head is not None:
+                self.head.gather()  # the first forward of a window (a no-op after that)
             if turn == wish:
                 return
             self._empty(turn)
+

@@ -1,15 +1,17 @@
-"""Peak CPU memory per rank of the SFT recipe with parallel=ddp vs parallel=fsdp (2 gloo ranks).
+"""Peak CPU memory per rank of the SFT recipe with parallel=ddp vs parallel=fsdp (gloo ranks).
 
     OMP_NUM_THREADS=1 python scripts/bench_fsdp_memory.py [--model DIR | --hidden 1024 --layers 8
-        --intermediate 2048] [--steps 2] [--batch-size 4] [--method radix] [--calls 2,8,14,20]
-        [--activation-checkpointing]
+        --intermediate 2048 [--vocab-size 151936]] [--ranks 2] [--parallel ddp,fsdp] [--steps 2]
+        [--batch-size 4] [--method radix] [--calls 2,8,14,20] [--activation-checkpointing]
 
 Each rank trains ``--steps`` SFT steps on synthetic episodes whose trees differ in size (episode i has
 ``calls[i mod len(calls)]`` calls, one eviction per 3 calls), so the ranks run different numbers of
 forwards and backwards, and samples its heap in use (glibc mallinfo2, every ms; memorywalker.bench.memory) from
 before the model loads: ``train peak`` is the largest increase up to the end of the last optimizer step,
 ``run peak`` up to the end of the run (the final export included). ``held`` is what the rank holds at
-the end of the last step: parameters + AdamW moments, as local tensor bytes (shards under fsdp).
+the end of the last step: parameters + AdamW moments, as local tensor bytes (shards under fsdp);
+``shards alone`` adds a gradient of the trainable parameters' local size: what a rank needs at least
+during a step if nothing were ever gathered (fsdp: 16 bytes per fp32 parameter / ranks).
 ``--hidden`` builds a random model of the kit architecture at that size (nothing downloaded).
 
 The weights are copied into the heap as they load (both runs): from_pretrained leaves them in a
@@ -53,6 +55,7 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
         params = list(model.parameters())
         held["state_bytes"] = sum(_local_bytes(p) for p in params) + sum(
             _local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
+        held["grad_bytes"] = sum(_local_bytes(p) for p in params if p.requires_grad)
         held["train_peak_mib"] = (max(peak.peak, peak.probe()) - peak.base) / 2**20
         return norm
 
@@ -76,6 +79,7 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
                                          save_every=10**6), trajectories=data, progress=False)
     Path(f"{out}/{parallel}-rank{rank}.json").write_text(json.dumps(
         {"peak_mib": peak.peak_mib, "train_peak_mib": held["train_peak_mib"], "state_mib": held["state_bytes"] / 2**20,
+         "shards_mib": (held["state_bytes"] + held["grad_bytes"]) / 2**20,
          "kind": peak.kind, "losses": [m["loss"] for m in result.metrics]}))
     torch.distributed.destroy_process_group()
 
@@ -97,6 +101,9 @@ def main() -> None:
     ap.add_argument("--calls", type=lambda v: [int(x) for x in v.split(",")], default=[2, 8, 14, 20],
                     help="calls per episode, cycled over the batch (default 2,8,14,20)")
     ap.add_argument("--activation-checkpointing", action="store_true", help="under both ddp and fsdp")
+    ap.add_argument("--ranks", type=int, default=2, help="gloo processes (default 2)")
+    ap.add_argument("--parallel", type=lambda v: v.split(","), default=["ddp", "fsdp"],
+                    help="which modes to run, comma-separated (default ddp,fsdp)")
     args = ap.parse_args()
     tok, model = default_kit()
     args.model, args.tokenizer = args.model or str(model), str(tok)
@@ -109,26 +116,34 @@ def main() -> None:
         n = AutoConfig.from_pretrained(args.model)
         with torch.device("meta"):
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(n).parameters())
-        for parallel in ("ddp", "fsdp"):
+        for parallel in args.parallel:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            mp.spawn(_worker, args=(2, port, args, parallel, out), nprocs=2, join=True)
+            mp.spawn(_worker, args=(args.ranks, port, args, parallel, out), nprocs=args.ranks, join=True)
         runs = {(par, rank): json.loads(Path(f"{out}/{par}-rank{rank}.json").read_text())
-                for par in ("ddp", "fsdp") for rank in range(2)}
+                for par in args.parallel for rank in range(args.ranks)}
     print(f"model: hidden {n.hidden_size}, {n.num_hidden_layers} layers, intermediate {n.intermediate_size}, "
-          f"vocab {n.vocab_size}, {params / 1e6:.1f}M parameters; 2 gloo ranks, {args.steps} SFT steps "
+          f"vocab {n.vocab_size}, {params / 1e6:.1f}M parameters; {args.ranks} gloo ranks, {args.steps} SFT steps "
           f"({args.method}{', activation checkpointing' if args.activation_checkpointing else ''}), batch "
           f"{args.batch_size}, trees of {args.calls} calls")
-    print("| parallel | rank | train peak MiB | run peak MiB (export incl.) | params + AdamW moments held, MiB | losses |")
-    print("|---|---|---|---|---|---|")
+    print("| parallel | rank | train peak MiB | run peak MiB (export incl.) | params + AdamW moments held, MiB "
+          "| shards alone (+ gradients), MiB | losses |")
+    print("|---|---|---|---|---|---|---|")
     for (par, rank), r in runs.items():
         print(f"| {par} | {rank} | {r['train_peak_mib']:.1f} | {r['peak_mib']:.1f} | {r['state_mib']:.2f} | "
-              f"{', '.join(f'{x:.6f}' for x in r['losses'])} |")
-    for key in ("train_peak_mib", "peak_mib"):
-        worst = max(runs["fsdp", r][key] for r in range(2)) / max(runs["ddp", r][key] for r in range(2))
-        print(f"fsdp / ddp, {key.replace('_mib', '').replace('_', ' ')} (worst rank each): {worst:.2f}")
-    print(f"memory: {runs['ddp', 0]['kind']}")
+              f"{r['shards_mib']:.2f} | {', '.join(f'{x:.6f}' for x in r['losses'])} |")
+
+    def worst(par, key):
+        return max(runs[par, r][key] for r in range(args.ranks))
+
+    if {"ddp", "fsdp"} <= set(args.parallel):
+        for key in ("train_peak_mib", "peak_mib"):
+            print(f"fsdp / ddp, {key.replace('_mib', '').replace('_', ' ')} (worst rank each): "
+                  f"{worst('fsdp', key) / worst('ddp', key):.2f}")
+    for par in args.parallel:
+        print(f"{par}: train peak over the shards alone (worst rank): {worst(par, 'train_peak_mib') - worst(par, 'shards_mib'):.0f} MiB")
+    print(f"memory: {next(iter(runs.values()))['kind']}")
 
 
 if __name__ == "__main__":

@@ -242,11 +242,16 @@ class HeadShards:
             if not s.requires_grad:
                 continue
             rows, dtype = self._rows(s), torch.float32 if self.param_dtype else s.dtype
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
-            flat = grad.new_zeros((rows * self.world, *s.shape[1:]), dtype=dtype)
-            flat[: s.shape[0]] = grad
+            grad, p.grad = p.grad, None
+            p.untyped_storage().resize_(0)  # the weight (if its gradient hook has not freed it)
+            if grad is None:  # no pass of this rank used the head: it adds zeros
+                grad = torch.zeros(p.shape, dtype=dtype, device=p.device)
+            if grad.dtype == dtype and grad.shape[0] == rows * self.world and grad.is_contiguous():
+                flat = grad  # the collective's input as it is: no second whole-size buffer
+            else:
+                flat = grad.new_zeros((rows * self.world, *s.shape[1:]), dtype=dtype)
+                flat[: s.shape[0]] = grad
             del grad
-            p.grad = None
             out = flat.new_empty((rows, *s.shape[1:]))
             dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.group)
             del flat

@@ -62,6 +62,7 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
 
 from memorywalker.engine.head import mark_transparent
 from memorywalker.train.fsdp import fsdp_modules, head_shards, local_device
@@ -160,12 +161,14 @@ class StepSchedule:
         self._anchors = []
         if not roots:
             return
+        if self.head is not None:
+            roots.append(_ReleaseHead.apply(torch.zeros((), device=self._device, requires_grad=True), self.head))
         self._quiet = True  # a checkpointed layer recomputes its forward inside the backward
         try:
             torch.autograd.backward(roots)
         finally:
             self._quiet = False
-        if self.head is not None:  # every rank at the same point: the head's gradient is complete
+        if self.head is not None:  # (released already, by _ReleaseHead's callback)
             self.head.release(reduce=True)
 
     def _before_forward(self, module, args) -> None:
@@ -230,3 +233,20 @@ class StepSchedule:
                 return
             self._empty(turn)
 
+
+class _ReleaseHead(torch.autograd.Function):
+    """A zero-weight root added to every backward of a sharded step. Created last, it runs first, and
+    queues the head's release (its gradient reduce-scattered, summed over the ranks) as a callback of
+    the backward's end — before FSDP's own end-of-backward callback, which reduce-scatters the
+    embedding's gradient, so the two whole gradients are not copied for their collectives at once."""
+
+    @staticmethod
+    def forward(ctx, zero, head):
+        ctx.head = head
+        return zero * 0.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        head = ctx.head
+        Variable._execution_engine.queue_callback(lambda: head.release(reduce=True))
+        return None, None

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.fsdp import FSDPModule
 from safetensors.torch import load_file
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: the hook observed
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,7 +28,7 @@ from memorywalker.layout.batch import Batch
 from memorywalker.recipes import dpo, sft
 from memorywalker.records.io import write_trajectories
 from memorywalker.render import Renderer
-from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, shard_model
+from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, head_shards, shard_model
 from memorywalker.train.sharded_step import StepSchedule
 from test_fsdp import _free_port
 
@@ -93,11 +94,23 @@ def probe(kit, rank: int) -> dict:
     layers = decoder_layers(model)
     gathered = []
 
+    head, embedding = head_shards(model), model.get_input_embeddings()
+    unit = embedding._get_fsdp_state()._fsdp_param_groups[0]
+    sharded = {"head_rows": head.module.weight.to_local().shape[0], "vocab": head.module.weight.shape[0],
+               "embedding_unit": isinstance(embedding, FSDPModule)}
+    seen = {"embedding": [], "head": [], "head_in_backward": []}
+
     def count(*_):
         gathered.append(sum(g.is_unsharded for m in layers for g in m._get_fsdp_state()._fsdp_param_groups))
+        seen["embedding"].append(unit.is_unsharded)
+        seen["head"].append(head.is_gathered)
+
+    def in_backward(*_):  # the head's whole weight (0 bytes once freed) while a layer runs its backward
+        seen["head_in_backward"].append(head.module.weight.untyped_storage().size() if head.is_gathered else 0)
 
     for m in layers:
         m.register_forward_pre_hook(count)
+        m.register_full_backward_pre_hook(in_backward)
     found = []  # per decoder-layer post-backward: did FSDP find this forward's gradient to reduce-scatter?
     real_post_backward = FSDPParamGroup.post_backward
 
@@ -117,7 +130,8 @@ def probe(kit, rank: int) -> dict:
     FSDPParamGroup.post_backward = real_post_backward
     after = sum(g.is_unsharded for m in fsdp_modules(model) for g in m._get_fsdp_state()._fsdp_param_groups)
     return {"gathered": gathered, "after": after, "found": found, "layers": len(layers), "counts": {k: schedule.counts[k] for k in (
-        "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"]}
+        "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"],
+        **sharded, **seen, "head_after": head.is_gathered, "head_grad_rows": head.shards[0].grad.to_local().shape[0]}
 
 
 def dangling(kit, rank: int) -> dict:
@@ -188,7 +202,9 @@ def test_uneven_ranks_equal_the_single_process_run(kit, tmp_path, uneven_runs, n
 
 def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
     """Whenever a decoder layer starts its forward, it is the only one gathered (FSDP2 resharded the one
-    before); after the step none is. Each layer's post-backward, once per forward, finds that forward's
+    before), the embedding is not (resharded after the lookup) and the LM head is (the engine applies it
+    after the forwards); once a rank's chunked loss has run its backward the head's whole weight is
+    freed, before the layers' backward; after the step only shards remain. Each layer's post-backward, once per forward, finds that forward's
     gradient to reduce-scatter (without train/fsdp.reduce_per_forward autograd would hold it until the
     layer's last forward had run: the whole unsharded gradient). Rank 0 (2 calls) ran as many forwards with grad and backwards as
     rank 1 (40 calls), the difference in empty ones: its real forwards + empty forwards = rank 1's."""
@@ -201,6 +217,12 @@ def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
         assert len(p["found"]) == p["layers"] * (p["counts"]["grad_forwards"] + p["counts"]["empty_forwards"]) and all(p["found"])
     c0, c1 = p0["counts"], p1["counts"]
     assert p1["forwards"] > p0["forwards"]  # the 40-call tree needs more radix forwards
+    for p in (p0, p1):  # the embedding and the LM head sharded apart, each gathered only while used
+        assert p["embedding_unit"] and not any(p["embedding"])  # resharded right after each lookup
+        assert all(p["head"]) and not p["head_after"]  # whole through each forward; shards after the step
+        assert p["head_rows"] == p["head_grad_rows"] == p["vocab"] // 2
+        assert p["head_in_backward"][-1] == 0  # freed before the first forward's layers ran their backward
+    assert not any(p1["head_in_backward"])  # rank 1 ran real forwards only: freed before any layer's backward
     assert c0["grad_forwards"] + c0["empty_forwards"] == c1["grad_forwards"] + c1["empty_forwards"]
     assert c0["empty_forwards"] == p1["forwards"] - p0["forwards"] and c1["empty_forwards"] == 0
     assert c0["backwards"] + c0["empty_backwards"] == c1["backwards"] + c1["empty_backwards"] == 1

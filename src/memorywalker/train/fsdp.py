@@ -11,9 +11,9 @@ embedding (untied) is a unit of its own, gathered for the lookup only (its backw
 ``set_unshard_in_backward(False)``), its gradient reduce-scattered at the end of each backward. The LM
 head is a :class:`HeadShards` (with tied embeddings: the one matrix both use): the engine applies it
 outside the model's forward, to the captured hidden states a chunk at a time, so the step schedule
-gathers it for each forward-backward window and reduce-scatters its gradient as soon as the head's own
-backward has run (tied: at the end of the backward, after the last lookup's). The root unit is what is
-left (the final norm). Those collectives come from inside the model, once per pass, and the engine's number of passes
+gathers it for each forward-backward window, frees the whole weight once its gradient is in, and
+reduce-scatters the gradient at the backward's end (tied: after the last lookup's). The root unit is
+what is left (the final norm). Those collectives come from inside the model, once per pass, and the engine's number of passes
 depends on the trees a rank holds, so the recipes run every step inside a
 :class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on each pass before it, and a rank
 with less to do runs empty ones. A radix backward spans several forwards of each layer, so each forward
@@ -170,8 +170,9 @@ class HeadShards:
     targets at a time (:mod:`memorywalker.engine.head`), a number of times that differs between ranks.
     So the gathers and reductions are placed where every rank is at the same point:
     :class:`memorywalker.train.sharded_step.StepSchedule` calls :meth:`gather` at the first forward after
-    a backward (an agreed pass) and :meth:`release` ``(reduce=True)`` once the head's gradient is
-    complete; :func:`gathered` around its block. ``gather`` all-gathers each shard (in ``param_dtype``
+    a backward (an agreed pass) and :meth:`release` ``(reduce=True)`` at the backward's end;
+    :func:`gathered` around its block. In between, the whole weight is freed as soon as autograd has
+    accumulated its gradient (:func:`_free_storage`, local: no node of that backward reads it again). ``gather`` all-gathers each shard (in ``param_dtype``
     under mixed precision) into a whole leaf parameter put in the modules' place, on which autograd
     accumulates the gradient; ``release`` reduce-scatters (sums, in float32 under mixed precision) that
     gradient into the shard's ``.grad`` and puts the shards back. Rows not divisible by the world size

@@ -42,15 +42,17 @@ layer gathered.
 **The LM head** (:class:`memorywalker.train.fsdp.HeadShards`) is applied by the engine outside the
 model's forward, to the hidden states every forward of a buffer captured, a chunk of targets at a time —
 a number of uses that differs between ranks. So it is gathered at the first forward of each window
-(the forwards between two backwards: an agreed pass), stays whole while the window's forwards and the
-engine's chunked loss use it, and is released as soon as its gradient is complete: inside the backward,
-by an identity on the head's input whose backward runs once the chunked loss's (and a KL term's)
-backward has delivered the gradient of that input — before any layer's backward, on every rank alike
-(each forward's zero-weight term is taken from the head's input, so every backward crosses it); with a
-tied embedding, at the end of the backward, after the last lookup's. The model's own call of the head
-inside its forward (one row, whose logits only :func:`memorywalker.engine.head.check_head_logits` reads)
-runs without grad, so no autograd node keeps the whole head for later. The embedding is an FSDP unit
-gathered for the lookup only; its gradient is reduce-scattered at the end of each backward.
+(the forwards between two backwards: an agreed pass) and stays whole while the window's forwards and
+the engine's chunked loss use it. In the backward, its whole weight is freed on each rank as soon as
+its gradient has been accumulated (every node that read it has run; local), and the gradient is
+reduce-scattered at the backward's end, where every rank is at the same point, before FSDP reduces
+the embedding's (:class:`_ReleaseHead`). Where in a backward the head's gradient is complete differs
+between ranks — a rank that ran empty forwards after its chunked loss backpropagates those first — so
+an earlier reduction would not pair up. The model's own call of the head inside its forward (one row,
+whose logits only :func:`memorywalker.engine.head.check_head_logits` reads) runs without grad, so no
+autograd node keeps the whole head for later, and each forward's zero-weight term is taken from the
+head's input instead. The embedding is an FSDP unit gathered for the lookup only; its gradient is
+reduce-scattered at the end of each backward.
 
 The passes inside :func:`memorywalker.train.fsdp.gathered` (rollouts, the no-grad π_old pass) are a
 different regime: every layer and the head stay gathered and nothing communicates.

@@ -79,8 +79,13 @@ def prepare_training(model: torch.nn.Module, cfg, info: DistInfo
     over the trainable parameters. Hash the base weights before calling this (the manifests pin them)."""
     model = apply_adapter(model, cfg.adapter)
     model = parallelize(model, cfg, info)  # fsdp: fully_shard per decoder layer + root (train/fsdp.py)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    params = trainable_parameters(model)
+    # Fused: one kernel per parameter with no temporaries. The unfused CPU step allocates its square
+    # roots and quotients per tensor, about 3 copies of the largest one at its peak (an embedding shard:
+    # the largest transient of a sharded step at a real vocabulary; docs/benchmarks.md).
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay, fused=fused or None)
     return model, optimizer
 
 

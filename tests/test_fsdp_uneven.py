@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.fsdp import FSDPModule
 from safetensors.torch import load_file
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: the hook observed
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,7 +27,7 @@ from memorywalker.layout.batch import Batch
 from memorywalker.recipes import dpo, sft
 from memorywalker.records.io import write_trajectories
 from memorywalker.render import Renderer
-from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, head_shards, shard_model
+from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, row_shards, shard_model
 from memorywalker.train.sharded_step import StepSchedule
 from test_fsdp import _free_port
 
@@ -94,19 +93,20 @@ def probe(kit, rank: int) -> dict:
     layers = decoder_layers(model)
     gathered = []
 
-    head, embedding = head_shards(model), model.get_input_embeddings()
-    unit = embedding._get_fsdp_state()._fsdp_param_groups[0]
+    units = row_shards(model)
+    head, embedding = units.head, units.embedding
     sharded = {"head_rows": head.module.weight.to_local().shape[0], "vocab": head.module.weight.shape[0],
-               "embedding_unit": isinstance(embedding, FSDPModule)}
+               "embedding_rows": embedding.module.weight.to_local().shape[0],
+               "fsdp_units": [type(m).__name__ for m in fsdp_modules(model)]}
     seen = {"embedding": [], "head": [], "head_in_backward": []}
 
     def count(*_):
         gathered.append(sum(g.is_unsharded for m in layers for g in m._get_fsdp_state()._fsdp_param_groups))
-        seen["embedding"].append(unit.is_unsharded)
-        seen["head"].append(head.is_gathered)
+        seen["embedding"].append(embedding.holds_weights)
+        seen["head"].append(head.holds_weights)
 
-    def in_backward(*_):  # the head's whole weight (0 bytes once freed) while a layer runs its backward
-        seen["head_in_backward"].append(head.module.weight.untyped_storage().size() if head.is_gathered else 0)
+    def in_backward(*_):  # is the head's whole weight held while a layer runs its backward?
+        seen["head_in_backward"].append(head.holds_weights)
 
     for m in layers:
         m.register_forward_pre_hook(count)
@@ -131,7 +131,8 @@ def probe(kit, rank: int) -> dict:
     after = sum(g.is_unsharded for m in fsdp_modules(model) for g in m._get_fsdp_state()._fsdp_param_groups)
     return {"gathered": gathered, "after": after, "found": found, "layers": len(layers), "counts": {k: schedule.counts[k] for k in (
         "grad_forwards", "backwards", "empty_forwards", "empty_backwards")}, "forwards": out.metrics["forwards"],
-        **sharded, **seen, "head_after": head.is_gathered, "head_grad_rows": head.shards[0].grad.to_local().shape[0]}
+        **sharded, **seen, "after_step": [head.is_gathered, embedding.is_gathered],
+        "grad_rows": [u.shards[0].grad.to_local().shape[0] for u in (head, embedding)]}
 
 
 def dangling(kit, rank: int) -> dict:
@@ -217,11 +218,12 @@ def test_one_layer_gathered_at_a_time_and_ranks_agree_on_passes(uneven_runs):
         assert len(p["found"]) == p["layers"] * (p["counts"]["grad_forwards"] + p["counts"]["empty_forwards"]) and all(p["found"])
     c0, c1 = p0["counts"], p1["counts"]
     assert p1["forwards"] > p0["forwards"]  # the 40-call tree needs more radix forwards
-    for p in (p0, p1):  # the embedding and the LM head sharded apart, each gathered only while used
-        assert p["embedding_unit"] and not any(p["embedding"])  # resharded right after each lookup
-        assert all(p["head"]) and not p["head_after"]  # whole through each forward; shards after the step
-        assert p["head_rows"] == p["head_grad_rows"] == p["vocab"] // 2
-        assert p["head_in_backward"][-1] == 0  # freed before the first forward's layers ran their backward
+    for p in (p0, p1):  # the embedding and the LM head sharded by rows, each whole only while used
+        assert p["fsdp_units"] == ["FSDPLlamaForCausalLM"] + ["FSDPLlamaDecoderLayer"] * p["layers"]
+        assert not any(p["embedding"])  # freed right after each lookup
+        assert all(p["head"]) and p["after_step"] == [False, False]  # whole through each forward; shards after
+        assert p["head_rows"] == p["embedding_rows"] == p["vocab"] // 2 and p["grad_rows"] == [p["vocab"] // 2] * 2
+        assert not p["head_in_backward"][-1]  # freed before the first forward's layers ran their backward
     assert not any(p1["head_in_backward"])  # rank 1 ran real forwards only: freed before any layer's backward
     assert c0["grad_forwards"] + c0["empty_forwards"] == c1["grad_forwards"] + c1["empty_forwards"]
     assert c0["empty_forwards"] == p1["forwards"] - p0["forwards"] and c1["empty_forwards"] == 0

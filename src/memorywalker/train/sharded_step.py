@@ -39,20 +39,20 @@ input embedding — the FSDP price of a micro-batch, paid per radix forward. The
 keys/values of the radix schedule are activations of earlier forwards, not parameters: they hold no
 layer gathered.
 
-**The LM head** (:class:`memorywalker.train.fsdp.HeadShards`) is applied by the engine outside the
-model's forward, to the hidden states every forward of a buffer captured, a chunk of targets at a time —
-a number of uses that differs between ranks. So it is gathered at the first forward of each window
-(the forwards between two backwards: an agreed pass) and stays whole while the window's forwards and
-the engine's chunked loss use it. In the backward, its whole weight is freed on each rank as soon as
-its gradient has been accumulated (every node that read it has run; local), and the gradient is
-reduce-scattered at the backward's end, where every rank is at the same point, before FSDP reduces
-the embedding's (:class:`_ReleaseHead`). Where in a backward the head's gradient is complete differs
-between ranks — a rank that ran empty forwards after its chunked loss backpropagates those first — so
-an earlier reduction would not pair up. The model's own call of the head inside its forward (one row,
-whose logits only :func:`memorywalker.engine.head.check_head_logits` reads) runs without grad, so no
-autograd node keeps the whole head for later, and each forward's zero-weight term is taken from the
-head's input instead. The embedding is an FSDP unit gathered for the lookup only; its gradient is
-reduce-scattered at the end of each backward.
+**The LM head and the embedding** (:class:`memorywalker.train.fsdp.RowShards`) are sharded by rows
+outside FSDP. The engine applies the head outside the model's forward, to the hidden states every forward
+of a buffer captured, a chunk of targets at a time — a number of uses that differs between ranks. So it
+is gathered at the first forward of each window (the forwards between two backwards: an agreed pass)
+and stays whole while the window's forwards and the engine's chunked loss use it. In the backward, its
+whole weight is freed on each rank as soon as its gradient has been accumulated (every node that read it
+has run; local), and the gradient is reduce-scattered at the backward's end, where every rank is at the
+same point (:class:`_Release`). Where in a backward the head's gradient is complete differs between
+ranks — a rank that ran empty forwards after its chunked loss backpropagates those first — so an
+earlier reduction would not pair up. The model's own call of the head inside its forward (one row, whose
+logits only :func:`memorywalker.engine.head.check_head_logits` reads) runs without grad, so no autograd
+node keeps the whole head for later, and each forward's zero-weight term is taken from the head's input
+instead. The embedding is gathered for each lookup (every forward, real or empty, runs one) and freed
+right after it; its gradient is reduced with the head's.
 
 The passes inside :func:`memorywalker.train.fsdp.gathered` (rollouts, the no-grad π_old pass) are a
 different regime: every layer and the head stay gathered and nothing communicates.
@@ -67,7 +67,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from memorywalker.engine.head import mark_transparent
-from memorywalker.train.fsdp import fsdp_modules, head_shards, local_device
+from memorywalker.train.fsdp import fsdp_modules, local_device, row_shards
 
 DONE, BACKWARD, FORWARD, GRAD_FORWARD = 0, 1, 2, 3  # what a rank wishes next; the largest wish runs
 
@@ -93,7 +93,8 @@ class StepSchedule:
         self._quiet = False  # inside our own pass (an empty forward, a backward's recomputation): no wishes
         self._hooks: list = []
         self._device = local_device(self.root) if self.active else None
-        self.head = head_shards(self.root) if self.active else None
+        self.sharded = row_shards(self.root) if self.active else None
+        self.head = self.sharded.head if self.sharded is not None else None
         self._in_model = False  # inside the model's own forward (where its head call is only looked at)
         self._head_input = None  # the head's input in the model's last forward
         self._grad_mode: list[bool] = []
@@ -124,8 +125,8 @@ class StepSchedule:
                 h.remove()
             self._hooks = []
             self._anchors = []
-            if self.head is not None:
-                self.head.release(reduce=False)  # a block of no-grad passes, or an error: nothing to reduce
+            for unit in self.sharded.units if self.sharded is not None else []:
+                unit.release(reduce=False)  # a block of no-grad passes, or an error: nothing to reduce
 
     def finish(self) -> None:
         """Run empty passes until every rank is done. Collective; called on leaving the block."""
@@ -163,15 +164,15 @@ class StepSchedule:
         self._anchors = []
         if not roots:
             return
-        if self.head is not None:
-            roots.append(_ReleaseHead.apply(torch.zeros((), device=self._device, requires_grad=True), self.head))
+        if self.sharded is not None:
+            roots.append(_Release.apply(torch.zeros((), device=self._device, requires_grad=True), self.sharded))
         self._quiet = True  # a checkpointed layer recomputes its forward inside the backward
         try:
             torch.autograd.backward(roots)
         finally:
             self._quiet = False
-        if self.head is not None:  # (released already, by _ReleaseHead's callback)
-            self.head.release(reduce=True)
+        for unit in self.sharded.units if self.sharded is not None else []:
+            unit.release(reduce=True)  # (a no-op: released by _Release's callback)
 
     def _before_forward(self, module, args) -> None:
         if not self._quiet:
@@ -236,19 +237,18 @@ class StepSchedule:
             self._empty(turn)
 
 
-class _ReleaseHead(torch.autograd.Function):
+class _Release(torch.autograd.Function):
     """A zero-weight root added to every backward of a sharded step. Created last, it runs first, and
-    queues the head's release (its gradient reduce-scattered, summed over the ranks) as a callback of
-    the backward's end — before FSDP's own end-of-backward callback, which reduce-scatters the
-    embedding's gradient, so the two whole gradients are not copied for their collectives at once."""
+    queues the release of the head and the embedding (their gradients reduce-scattered, summed over the
+    ranks) as a callback of the backward's end, where every rank is at the same point."""
 
     @staticmethod
-    def forward(ctx, zero, head):
-        ctx.head = head
+    def forward(ctx, zero, sharded):
+        ctx.sharded = sharded
         return zero * 0.0
 
     @staticmethod
     def backward(ctx, grad):
-        head = ctx.head
-        Variable._execution_engine.queue_callback(lambda: head.release(reduce=True))
+        units = ctx.sharded.units
+        Variable._execution_engine.queue_callback(lambda: [u.release(reduce=True) for u in units])
         return None, None

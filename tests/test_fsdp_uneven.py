@@ -27,7 +27,8 @@ from memorywalker.layout.batch import Batch
 from memorywalker.recipes import dpo, sft
 from memorywalker.records.io import write_trajectories
 from memorywalker.render import Renderer
-from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, row_shards, shard_model
+from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, shard_model
+from memorywalker.train.row_shards import row_shards
 from memorywalker.train.sharded_step import StepSchedule
 from test_fsdp import _free_port
 

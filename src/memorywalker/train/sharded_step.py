@@ -39,7 +39,7 @@ input embedding — the FSDP price of a micro-batch, paid per radix forward. The
 keys/values of the radix schedule are activations of earlier forwards, not parameters: they hold no
 layer gathered.
 
-**The LM head and the embedding** (:class:`memorywalker.train.fsdp.RowShards`) are sharded by rows
+**The LM head and the embedding** (:class:`memorywalker.train.row_shards.RowShards`) are sharded by rows
 outside FSDP. The engine applies the head outside the model's forward, to the hidden states every forward
 of a buffer captured, a chunk of targets at a time — a number of uses that differs between ranks. So it
 is gathered at the first forward of each window (the forwards between two backwards: an agreed pass)
@@ -67,7 +67,8 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from memorywalker.engine.head import mark_transparent
-from memorywalker.train.fsdp import fsdp_modules, local_device, row_shards
+from memorywalker.train.fsdp import fsdp_modules, local_device
+from memorywalker.train.row_shards import row_shards
 
 DONE, BACKWARD, FORWARD, GRAD_FORWARD = 0, 1, 2, 3  # what a rank wishes next; the largest wish runs
 

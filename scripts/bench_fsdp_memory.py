@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python scripts/bench_fsdp_memory.py [--model DIR | --hidden 1024 --layers 8
         --intermediate 2048 [--vocab-size 151936]] [--ranks 2] [--parallel ddp,fsdp] [--steps 2]
-        [--batch-size 4] [--method radix] [--calls 2,8,14,20] [--activation-checkpointing]
+        [--batch-size 4] [--method radix] [--calls 2,8,14,20] [--activation-checkpointing] [--where]
 
 Each rank trains ``--steps`` SFT steps on synthetic episodes whose trees differ in size (episode i has
 ``calls[i mod len(calls)]`` calls, one eviction per 3 calls), so the ranks run different numbers of
@@ -13,6 +13,9 @@ the end of the last step: parameters + AdamW moments, as local tensor bytes (sha
 ``shards alone`` adds a gradient of the trainable parameters' local size: what a rank needs at least
 during a step if nothing were ever gathered (fsdp: 16 bytes per fp32 parameter / ranks).
 ``--hidden`` builds a random model of the kit architecture at that size (nothing downloaded).
+``--where``: each rank also logs the step's events (the row-sharded head's and embedding's gathers and
+releases, the chunked loss's backward, FSDP's post-backwards, the optimizer step) and the table names the
+events on either side of its peak.
 
 The weights are copied into the heap as they load (both runs): from_pretrained leaves them in a
 memory map of the safetensors file, which the heap probe does not see, so a DDP rank's whole parameter
@@ -38,6 +41,41 @@ def _local_bytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def _log_events(events: list) -> None:
+    """Record (perf_counter, name) around the step's memory-relevant events (wrapping them in place)."""
+    import time
+
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: observed only
+
+    from memorywalker.engine import head
+    from memorywalker.recipes import sft
+    from memorywalker.train import row_shards
+
+    def logged(owner, name, label):
+        real = getattr(owner, name)
+
+        def call(*a, **kw):
+            who = label(*a)
+            events.append((time.perf_counter(), f"{who} starts"))
+            try:
+                return real(*a, **kw)
+            finally:
+                events.append((time.perf_counter(), f"{who} ends"))
+        setattr(owner, name, staticmethod(call) if name == "backward" else call)
+
+    logged(row_shards.RowShards, "gather", lambda self: f"{type(self).__name__}.gather")
+    logged(row_shards.RowShards, "release", lambda self, **_: f"{type(self).__name__}.release")
+    logged(head._LinearLabelLogprob, "backward", lambda *_: "the chunked loss's backward")
+    logged(FSDPParamGroup, "post_backward", lambda g, *_: f"post-backward of {g._module_fqn or 'the root'}")
+    logged(sft, "optimizer_step", lambda *_: "the optimizer step")
+
+
+def _around(events: list, at: float) -> str:
+    before = [n for t, n in events if t <= at][-1:] or ["the start"]
+    after = [n for t, n in events if t > at][:1] or ["the end"]
+    return f"after {before[0]}, before {after[0]}"
+
+
 def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -60,6 +98,9 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
         return norm
 
     sft.optimizer_step = measured_step
+    events: list[tuple[float, str]] = []
+    if args.where:
+        _log_events(events)
     real_load = sft.load_model
 
     def load_into_heap(*a, **kw):  # the weights out of the file's memory map (see the docstring)
@@ -79,7 +120,7 @@ def _worker(rank: int, world: int, port: int, args, parallel: str, out: str) -> 
                                          save_every=10**6), trajectories=data, progress=False)
     Path(f"{out}/{parallel}-rank{rank}.json").write_text(json.dumps(
         {"peak_mib": peak.peak_mib, "train_peak_mib": held["train_peak_mib"], "state_mib": held["state_bytes"] / 2**20,
-         "shards_mib": (held["state_bytes"] + held["grad_bytes"]) / 2**20,
+         "shards_mib": (held["state_bytes"] + held["grad_bytes"]) / 2**20, "where": _around(events, peak.peak_at),
          "kind": peak.kind, "losses": [m["loss"] for m in result.metrics]}))
     torch.distributed.destroy_process_group()
 
@@ -102,6 +143,7 @@ def main() -> None:
                     help="calls per episode, cycled over the batch (default 2,8,14,20)")
     ap.add_argument("--activation-checkpointing", action="store_true", help="under both ddp and fsdp")
     ap.add_argument("--ranks", type=int, default=2, help="gloo processes (default 2)")
+    ap.add_argument("--where", action="store_true", help="name the events around each rank's peak")
     ap.add_argument("--parallel", type=lambda v: v.split(","), default=["ddp", "fsdp"],
                     help="which modes to run, comma-separated (default ddp,fsdp)")
     args = ap.parse_args()
@@ -143,6 +185,9 @@ def main() -> None:
                   f"{worst('fsdp', key) / worst('ddp', key):.2f}")
     for par in args.parallel:
         print(f"{par}: train peak over the shards alone (worst rank): {worst(par, 'train_peak_mib') - worst(par, 'shards_mib'):.0f} MiB")
+    if args.where:
+        for (par, rank), r in runs.items():
+            print(f"{par} rank {rank}: the run's peak came {r['where']}")
     print(f"memory: {next(iter(runs.values()))['kind']}")
 
 

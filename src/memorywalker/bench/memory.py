@@ -63,9 +63,13 @@ class PeakMemory:
         self.base = self.peak = self.probe()
         self.stop = threading.Event()
 
+        self.peak_at = time.perf_counter()  # when the peak was sampled (perf_counter seconds)
+
         def sample():
             while not self.stop.is_set():
-                self.peak = max(self.peak, self.probe())
+                v = self.probe()
+                if v > self.peak:
+                    self.peak, self.peak_at = v, time.perf_counter()
                 time.sleep(0.001)
 
         self.thread = threading.Thread(target=sample, daemon=True)

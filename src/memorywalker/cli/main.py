@@ -60,6 +60,63 @@ rollout_cmd.register(app)
 train_cmd.register(app)
 view_cmd.register(app)
 
+# What `memorywalker --help` shows: the commands grouped by what a person is doing, one plain line each,
+# in this order; the detail stays in each command's own --help. tests/test_cli_help.py checks that every
+# registered command is here exactly once.
+PANELS: dict[str, dict[str, str]] = {
+    "Get data": {
+        "import": "Your harness's logs (Claude Code, Codex, …) as trajectories.",
+        "gateway": "Serve a model to real harnesses; record every call.",
+        "harness": "Run one real harness session through the gateway.",
+        "rollout": "Roll out tasks under a simulated harness's compression.",
+    },
+    "Train": {
+        "sft": "Supervised fine-tuning, exact under compression.",
+        "dpo": "Preference training on pairs that branch from one context.",
+        "rl": "GRPO, in the simulated environments or inside a real harness.",
+        "dagger": "DAgger rounds: label the learner's own states, retrain.",
+        "distill": "Records for distillation (a teacher's, without guidance).",
+        "augment": "Schema augmentation: renamed tools and arguments, distractors.",
+        "compile-acc": "Compile trajectories into long-context QA (ACC).",
+    },
+    "Measure": {
+        "gap": "Trainer vs rollout logprobs per method, by branches.",
+        "inspect": "Calls, evictions, tree sizes and targets of trajectory files.",
+        "eval": "Closed-loop evaluation of a checkpoint against a baseline.",
+        "bench": "Benchmarks: engines at real shapes, rollouts.",
+        "inventory": "Parameter-state memory of full vs adapter training.",
+    },
+    "Look and share": {
+        "view": "One offline HTML page per trajectory: tree, contexts, gap.",
+        "export": "Trajectories as TRL, OpenAI or Parquet datasets.",
+    },
+    "Reference and the kit": {
+        "demo": "The offline demo: a tiny agent per method, compared.",
+        "models": "Real models that install offline (SmolLM2-135M).",
+        "methods": "The training methods: exactness and schedules.",
+        "schema": "The JSON Schema of trajectory records.",
+        "validate": "Check records: each line accepted or rejected, with a reason.",
+        "reasons": "The reject reason codes and what they mean.",
+    },
+}
+
+
+def _arrange(app: typer.Typer) -> None:
+    """Each command and group into its panel with its one line, in PANELS' order."""
+    order = [name for panel in PANELS.values() for name in panel]
+    where = {name: (title, line) for title, panel in PANELS.items() for name, line in panel.items()}
+
+    def name_of(info) -> str:
+        return info.name or info.callback.__name__.replace("_", "-")
+
+    for info in [*app.registered_commands, *app.registered_groups]:
+        info.rich_help_panel, info.short_help = where[name_of(info)]
+    app.registered_commands.sort(key=lambda i: order.index(name_of(i)))
+    app.registered_groups.sort(key=lambda i: order.index(name_of(i)))
+
+
+_arrange(app)
+
 
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (allowed "

@@ -7,6 +7,7 @@ step's rollouts twice. The real harnesses run the same loop in tests/test_gatewa
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -139,7 +140,8 @@ def test_failed_sessions_are_kept_with_their_reason_and_left_out_of_the_group(ki
     assert m["failed_reasons"] == {"deadline": 2, "the verifier exited 2": 2} and m["reward_mean"] == 1.0
     rows = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step-0.sessions.jsonl").read_text().splitlines()]
     by_task = {r["task"]: r for r in rows}
-    assert by_task["hang"]["failed"].startswith("deadline: the harness was killed after 3 s")
+    killed = re.match(r"deadline: the harness was killed after (\d+) s", by_task["hang"]["failed"])
+    assert killed and int(killed[1]) >= 3, by_task["hang"]["failed"]  # 3 s, or more on a loaded machine
     assert by_task["hang"]["returncode"] is None and by_task["hang"]["calls"] == 0
     assert by_task["broken"]["calls"] == 3 and by_task["broken"]["reward"] is None
     trained = {t.meta["rl"]["task"]: (t.meta["rl"]["trained"], t.reward) for t in

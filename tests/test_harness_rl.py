@@ -7,8 +7,8 @@ step's rollouts twice. The real harnesses run the same loop in tests/test_gatewa
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys

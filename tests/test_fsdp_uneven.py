@@ -56,7 +56,7 @@ def dpo_inputs(root: Path) -> tuple[Path, Path]:
 
 
 def tied_model(kit, root: Path) -> Path:
-    """The kit model with its LM head tied to the embedding (one parameter in the root unit)."""
+    """The kit model with its LM head tied to the embedding (one parameter, sharded by rows with the head)."""
     out = root / "tied-model"
     if not (out / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(kit[1])

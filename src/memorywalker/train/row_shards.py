@@ -41,12 +41,12 @@ class RowShards:
     targets at a time (:mod:`memorywalker.engine.head`), a number of times that differs between ranks.
     So the gathers and reductions are placed where every rank is at the same point:
 
-    * the head (:attr:`SHARDED` ``.head``; tied: with the embedding's matrix):
+    * the head (:class:`HeadShards`; tied: with the embedding's matrix):
       :class:`memorywalker.train.sharded_step.StepSchedule` calls :meth:`gather` at the first forward
       after a backward (an agreed pass) and :meth:`release` ``(reduce=True)`` at the backward's end;
       in between, the whole weight is freed once autograd has accumulated its gradient
       (:func:`_free_storage`: no node of that backward reads it again);
-    * the untied embedding (``.embedding``): gathered by a pre-hook on the embedding module (every
+    * the untied embedding (:class:`EmbeddingShards`): gathered by a pre-hook on the embedding module (every
       forward, real or empty, runs one lookup) and freed right after the lookup (its backward reads the
       ids, not the weights), into the same storage each time, so the lookups of a window accumulate one
       gradient; released like the head.
@@ -61,7 +61,7 @@ class RowShards:
 
     def __init__(self, root: torch.nn.Module, params: list[torch.nn.Parameter], mesh, param_dtype: torch.dtype | None):
         self.mesh, self.group, self.param_dtype = mesh, mesh.get_group(), param_dtype
-        self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
         # every (module, name) holding one of these parameters (a tied head and embedding: both)
         self.slots = [[(m, n) for m in root.modules() for n, q in m._parameters.items() if q is p] for p in params]
         self.shards = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]), requires_grad=p.requires_grad)
@@ -107,7 +107,7 @@ class RowShards:
                 whole = local.new_empty((rows * self.world, *s.shape[1:]), dtype=dtype)
             else:  # the same storage as before: the window's lookups accumulate one gradient
                 p = self.full[i]
-                p.untyped_storage().resize_(p.untyped_storage().nbytes() or rows * self.world * mine[0].nbytes)
+                p.untyped_storage().resize_(rows * self.world * mine[0].nbytes)
                 whole = torch.empty(0, dtype=dtype, device=p.device).set_(
                     p.untyped_storage(), 0, (rows * self.world, *s.shape[1:]))
             dist.all_gather_single(whole, mine, group=self.group)
@@ -198,7 +198,7 @@ class EmbeddingShards(RowShards):
 
 @dataclass
 class Sharded:
-    """The row-sharded parameters of a model :func:`shard_model` sharded."""
+    """The row-sharded parameters of a model :func:`memorywalker.train.fsdp.shard_model` sharded."""
 
     head: HeadShards
     embedding: EmbeddingShards | None  # None when tied (the head's unit holds its matrix)
@@ -216,7 +216,7 @@ def register(root: torch.nn.Module, sharded: Sharded) -> None:
 
 
 def row_shards(model: torch.nn.Module) -> Sharded | None:
-    """The row-sharded head and embedding of a model :func:`shard_model` sharded, or of its PEFT
+    """The row-sharded head and embedding of a model :func:`~memorywalker.train.fsdp.shard_model` sharded, or of its PEFT
     wrapper (None otherwise)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return _SHARDED.get(base)

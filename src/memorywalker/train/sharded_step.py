@@ -20,8 +20,8 @@ next — a forward with grad, a forward without, a backward, or nothing (the ste
 
 * the largest wish wins; the ranks that wished it do their real pass;
 * every other rank does an *empty* pass of that kind instead — a one-token forward whose output only
-  enters the backward as a zero-weight term (``0 * h.sum()`` of the head's input ``h``), or a backward through the empty forwards it ran since
-  its last backward — and asks again. A rank that has finished keeps doing empty passes until every rank
+  enters the backward as a zero-weight term (``0 * h.sum()`` of the head's input ``h``), or a backward
+  through the empty forwards it ran since its last backward — and asks again. A rank that has finished keeps doing empty passes until every rank
   says done (:meth:`StepSchedule.finish`), as DDP's ``Join`` does for uneven inputs.
 
 So between two backwards every rank ran the same number of forwards with grad, and every backward
@@ -241,7 +241,8 @@ class StepSchedule:
 class _Release(torch.autograd.Function):
     """A zero-weight root added to every backward of a sharded step. Created last, it runs first, and
     queues the release of the head and the embedding (their gradients reduce-scattered, summed over the
-    ranks) as a callback of the backward's end, where every rank is at the same point."""
+    ranks) as a callback of the backward's end, where every rank is at the same point, before FSDP's own
+    end-of-backward callback (the root's and any late layer's reductions)."""
 
     @staticmethod
     def forward(ctx, zero, sharded):

@@ -138,7 +138,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, help="build a random kit-architecture model of this width")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--intermediate", type=int, help="MLP width (default 2 x hidden)")
-    ap.add_argument("--vocab-size", type=int, help="with --hidden: a real model's vocabulary (e.g. 151936; default the kit's)")
+    ap.add_argument("--vocab-size", type=int,
+                    help="with --hidden: a real model's vocabulary (e.g. 151936; default the kit's)")
     ap.add_argument("--calls", type=lambda v: [int(x) for x in v.split(",")], default=[2, 8, 14, 20],
                     help="calls per episode, cycled over the batch (default 2,8,14,20)")
     ap.add_argument("--activation-checkpointing", action="store_true", help="under both ddp and fsdp")
@@ -184,7 +185,8 @@ def main() -> None:
             print(f"fsdp / ddp, {key.replace('_mib', '').replace('_', ' ')} (worst rank each): "
                   f"{worst('fsdp', key) / worst('ddp', key):.2f}")
     for par in args.parallel:
-        print(f"{par}: train peak over the shards alone (worst rank): {worst(par, 'train_peak_mib') - worst(par, 'shards_mib'):.0f} MiB")
+        above = worst(par, "train_peak_mib") - worst(par, "shards_mib")
+        print(f"{par}: train peak over the shards alone (worst rank): {above:.0f} MiB")
     if args.where:
         for (par, rank), r in runs.items():
             print(f"{par} rank {rank}: the run's peak came {r['where']}")

@@ -9,13 +9,13 @@ sharded DCP checkpoints, a consolidated Hugging Face export.
 again for its backward and its gradient reduce-scattered (summed) after it, FSDP2's defaults. The input
 embedding and the LM head are sharded by rows outside FSDP (:mod:`memorywalker.train.row_shards`), each
 whole only while used; the root unit is what is left (the final norm). Those collectives come from
-inside the model, once per pass, and the engine's number of passes depends on the trees a rank holds,
-so the recipes run every step inside a :class:`memorywalker.train.sharded_step.StepSchedule`: the ranks agree on each pass before it, and a rank
-with less to do runs empty ones. A radix backward spans several forwards of each layer, so each forward
-hands its gradient to FSDP at once (:func:`reduce_per_forward`) and it is reduce-scattered after that
-forward's backward. Between steps a rank holds its shard of the parameters, gradients and AdamW
-moments; during one, its shards plus the layer being computed, the head while a window uses it, the
-embedding's gradient during a backward, and the activations.
+inside the model, once per pass, and the engine's number of passes depends on the trees a rank holds, so
+the recipes run every step inside a :class:`memorywalker.train.sharded_step.StepSchedule`: the ranks
+agree on each pass before it, and a rank with less to do runs empty ones. A radix backward spans several
+forwards of each layer, so each forward hands its gradient to FSDP at once (:func:`reduce_per_forward`)
+and it is reduce-scattered after that forward's backward. Between steps a rank holds its shard of the
+parameters, gradients and AdamW moments; during one, its shards plus the layer being computed, the head
+while a window uses it, the embedding's gradient during a backward, and the activations.
 
 Passes with no backward and a data-dependent count that would make per-pass agreement costly (sampling
 rollouts: one forward per token; the no-grad π_old pass) run inside :func:`gathered`: every layer
@@ -95,8 +95,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_model(model: torch.nn.Module, *, mixed_precision: str | None = None,
                 activation_checkpointing: bool = False) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, shard the LM head and the input embedding by rows
-    (:mod:`~memorywalker.train.row_shards`), then ``fully_shard`` the root (what is left: the final norm), over a 1-D mesh
-    of every rank (in place).
+    (:mod:`~memorywalker.train.row_shards`), then ``fully_shard`` the root (what is left: the final
+    norm), over a 1-D mesh of every rank (in place).
 
     ``mixed_precision`` (e.g. ``"bfloat16"``): parameters are all-gathered and computed in that dtype,
     gradients reduced in float32; the sharded master weights keep the model's dtype.

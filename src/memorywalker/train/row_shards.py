@@ -64,8 +64,8 @@ class RowShards:
         self.world = dist.get_world_size(self.group)
         # every (module, name) holding one of these parameters (a tied head and embedding: both)
         self.slots = [[(m, n) for m in root.modules() for n, q in m._parameters.items() if q is p] for p in params]
-        self.shards = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]), requires_grad=p.requires_grad)
-                       for p in params]
+        self.shards = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]),
+                                          requires_grad=p.requires_grad) for p in params]
         self.full: list[torch.nn.Parameter] | None = None
         self.pinned = False  # inside gathered(): nothing is freed or communicated
         self._install(self.shards)
@@ -216,7 +216,7 @@ def register(root: torch.nn.Module, sharded: Sharded) -> None:
 
 
 def row_shards(model: torch.nn.Module) -> Sharded | None:
-    """The row-sharded head and embedding of a model :func:`~memorywalker.train.fsdp.shard_model` sharded, or of its PEFT
-    wrapper (None otherwise)."""
+    """The row-sharded head and embedding of a model :func:`~memorywalker.train.fsdp.shard_model`
+    sharded, or of its PEFT wrapper (None otherwise)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return _SHARDED.get(base)

@@ -21,8 +21,9 @@ next — a forward with grad, a forward without, a backward, or nothing (the ste
 * the largest wish wins; the ranks that wished it do their real pass;
 * every other rank does an *empty* pass of that kind instead — a one-token forward whose output only
   enters the backward as a zero-weight term (``0 * h.sum()`` of the head's input ``h``), or a backward
-  through the empty forwards it ran since its last backward — and asks again. A rank that has finished keeps doing empty passes until every rank
-  says done (:meth:`StepSchedule.finish`), as DDP's ``Join`` does for uneven inputs.
+  through the empty forwards it ran since its last backward — and asks again. A rank that has finished
+  keeps doing empty passes until every rank says done (:meth:`StepSchedule.finish`), as DDP's ``Join``
+  does for uneven inputs.
 
 So between two backwards every rank ran the same number of forwards with grad, and every backward
 covers all of them: each real forward's output is tied into the next backward as a zero-weight term

@@ -64,6 +64,7 @@ def runs(kit, tmp_path_factory) -> Path:
         extra = () if name == "one" else ("parallel=fsdp",)
         done = _run([*launch, *_sft_args(kit, root / "data.jsonl", root / name, *extra)])
         assert done.returncode == 0, f"{name}:\n{done.stderr[-3000:]}"
+        (root / f"{name}.stdout").write_text(done.stdout)
     return root
 
 
@@ -80,6 +81,8 @@ def test_accelerate_fsdp_config_equals_torchrun_and_one_process(runs):
         for key in ("loss", "grad_norm"):
             assert a[key] == pytest.approx(t[key], rel=1e-6) and a[key] == pytest.approx(o[key], rel=1e-5), key
     for name in ("accelerate", "torchrun"):
+        summary = [ln for ln in (runs / f"{name}.stdout").read_text().splitlines() if ln.startswith("sft: 2 steps")]
+        assert len(summary) == 1, summary  # printed by rank 0 only
         manifest = json.loads(next((runs / name / "checkpoints").glob("step-*/manifest.json")).read_text())
         assert manifest["format"] == "dcp", name
     wa, wt, wo = (load_file(str(runs / n / "final" / "model.safetensors")) for n in ("accelerate", "torchrun", "one"))

@@ -12,6 +12,7 @@ with the valid ones. The same commands run data-parallel under torchrun or accel
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import typer
@@ -57,6 +58,8 @@ def _command(recipe: str):
 
         with collective_guard(f"memorywalker {recipe}", cfg.collective_timeout):  # a stalled peer: one line
             result = module.train(cfg, progress=progress)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return  # the summary once per run, from rank 0 (every rank holds the same metrics)
         last = result.metrics[-1] if result.metrics else {}
         summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "reward_mean", "margin") if k in last)
         typer.echo(f"{recipe}: {result.steps} steps{'; last ' + summary if summary else ''}; "

@@ -43,6 +43,7 @@ def _local_bytes(t) -> int:
 
 def _log_events(events: list) -> None:
     """Record (perf_counter, name) around the step's memory-relevant events (wrapping them in place)."""
+    import inspect
     import time
 
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: observed only
@@ -61,7 +62,8 @@ def _log_events(events: list) -> None:
                 return real(*a, **kw)
             finally:
                 events.append((time.perf_counter(), f"{who} ends"))
-        setattr(owner, name, staticmethod(call) if name == "backward" else call)
+        static = isinstance(inspect.getattr_static(owner, name), staticmethod)  # an autograd Function's backward
+        setattr(owner, name, staticmethod(call) if static else call)
 
     logged(row_shards.RowShards, "gather", lambda self: f"{type(self).__name__}.gather")
     logged(row_shards.RowShards, "release", lambda self, **_: f"{type(self).__name__}.release")

@@ -63,7 +63,8 @@ def rl(kit, served, run_dir: Path, tasks: Path, harness: str, *extra: str, ranks
 def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_proven(kit, served, tmp_path):
     """``torchrun --nproc-per-node 2 -m memorywalker rl tasks=FILE harness=opencode rollout_engine=vllm-server
     parallel=fsdp``: 2 steps of 2 tasks × 2 OpenCode sessions, each rank its task, every call sampled by the
-    one server the recipe started, the weights it gets gathered from the shards on rank 0. The proof of the sync: step 1's rollout logprobs, as the server returned them, equal a
+    one server the recipe started, the weights it gets gathered from the shards on rank 0. The proof of the
+    sync: step 1's rollout logprobs, as the server returned them, equal a
     plain ``model(input_ids)`` forward of the weights after step 0's update (checkpoint step 1) within
     1e-5, and differ from the weights before it by more than 1e-3; step 0's equal the initial weights'."""
     from memorywalker.gateway.harnesses import find_binary

@@ -218,5 +218,6 @@ def register(root: torch.nn.Module, sharded: Sharded) -> None:
 def row_shards(model: torch.nn.Module) -> Sharded | None:
     """The row-sharded head and embedding of a model :func:`~memorywalker.train.fsdp.shard_model`
     sharded, or of its PEFT wrapper (None otherwise)."""
+    # not adapter.engine_model: PEFT marks the base model it adapted with peft_config too
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return _SHARDED.get(base)

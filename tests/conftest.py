@@ -18,7 +18,7 @@ def kit_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def kit(kit_cache):
-    """(tokenizer_dir, llama_model_dir) of the default chatml kit."""
+    """(tokenizer_dir, llama_model_dir) of the default chatml kit (65,536 positions: a real harness's prompt fits)."""
     from memorywalker.modelkit import default_kit
 
     return default_kit(kit_cache)
@@ -61,18 +61,6 @@ def harness_logs() -> Path:
     if not HARNESS_LOGS.exists():
         pytest.skip(f"shared fixtures not found at {HARNESS_LOGS}")
     return HARNESS_LOGS
-
-
-@pytest.fixture(scope="session")
-def long_kit(tmp_path_factory):
-    """The kit tokenizer and a kit Llama with 65,536 positions: the real harnesses' prompts are 15-34K tokens
-    of the kit's vocabulary (docs/gateway.md)."""
-    from memorywalker.modelkit.build import build_model, build_tokenizer
-
-    root = tmp_path_factory.mktemp("long-kit")
-    tok = build_tokenizer(root / "tok")
-    return tok, build_model(root / "model", tok, max_positions=65536)
-
 
 
 def load_script(name: str):

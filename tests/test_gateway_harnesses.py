@@ -27,7 +27,7 @@ COMPACT_AT = load_script("harness_sessions").COMPACT_AT
 
 
 @pytest.mark.parametrize("harness", sorted(PINNED))
-def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit, tmp_path):
+def test_real_harness_session_is_captured_and_trained_exactly(harness, kit, tmp_path):
     import torch
 
     from memorywalker.cli.gateway_cmd import build_gateway
@@ -37,7 +37,7 @@ def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit,
 
     require_harness(harness)
     script = resources.files("memorywalker.data").joinpath(f"harness-scripts/{harness}.yaml")
-    gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
+    gw = build_gateway(str(kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(kit[0]),
                        harness=harness)
     s = capture(harness, PROMPT, gw, files={"notes.txt": "hello\n"}, deadline_s=300,
                 compact_tokens=COMPACT_AT[harness])
@@ -52,7 +52,7 @@ def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit,
     assert traj.meta["branches"].get("summarize", 0) >= 1
     assert all(c.context_tokens and c.rollout_logprobs for c in traj.calls)
 
-    lm, tok = load_model(str(long_kit[1]), str(long_kit[0]), dtype="float32", device=torch.device("cpu"))
+    lm, tok = load_model(str(kit[1]), str(kit[0]), dtype="float32", device=torch.device("cpu"))
     report = gap_report(lm, Renderer(tok), [traj], ["radix", "tree-mask", "logit-tree", "dfs", "rightmost"],
                         drift=False)
     for m in ("radix", "tree-mask", "logit-tree"):
@@ -63,7 +63,7 @@ def test_real_harness_session_is_captured_and_trained_exactly(harness, long_kit,
     assert report["rightmost"]["overall"]["targets"] < report["radix"]["overall"]["targets"]
 
 
-def test_eight_real_codex_sessions_at_once_never_mix(long_kit, tmp_path):
+def test_eight_real_codex_sessions_at_once_never_mix(kit, tmp_path):
     """8 Codex processes at once through one gateway, each with its own notes.txt: 8 trajectories, each
     with the 4 tool calls and its own notes in its tool results, none with another's."""
     import threading
@@ -75,7 +75,7 @@ def test_eight_real_codex_sessions_at_once_never_mix(long_kit, tmp_path):
 
     require_harness("codex")
     script = resources.files("memorywalker.data").joinpath("harness-scripts/codex.yaml")
-    gw = build_gateway(str(long_kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(long_kit[0]),
+    gw = build_gateway(str(kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(kit[0]),
                        harness="codex")
     runs = {}
     with BackgroundServer(gw) as url:

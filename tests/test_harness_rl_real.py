@@ -28,14 +28,14 @@ harness_rl = load_script("harness_rl")
 
 
 @pytest.mark.parametrize("harness", sorted(PINNED))
-def test_a_grpo_step_inside_the_real_harness_trains_its_compacted_sessions_exactly(harness, long_kit, tmp_path):
+def test_a_grpo_step_inside_the_real_harness_trains_its_compacted_sessions_exactly(harness, kit, tmp_path):
     require_harness(harness)
     tasks = harness_rl.task_file(tmp_path)
     first = tasks.read_text().splitlines()[0]
     tasks.write_text(first + "\n")  # task "seven": read notes.txt, write 7 to answer.txt
     script = tmp_path / "script.yaml"
     script.write_text(harness_rl.script_for(harness, *harness_rl.TASKS[0][1:]))
-    result = train(RLConfig(model=str(long_kit[1]), tokenizer=str(long_kit[0]), run_dir=str(tmp_path / "run"),
+    result = train(RLConfig(model=str(kit[1]), tokenizer=str(kit[0]), run_dir=str(tmp_path / "run"),
                             tasks=str(tasks), harness=harness, script=str(script),
                             compact_at=harness_rl.COMPACT_AT[harness], prompts_per_step=1, group_size=2, steps=1,
                             max_new_tokens=256, deadline=300, served_model="kit"), progress=False)
@@ -45,5 +45,5 @@ def test_a_grpo_step_inside_the_real_harness_trains_its_compacted_sessions_exact
     assert [r["reward"] for r in rows] == [1.0, 1.0]  # the harness ran the tools: the verifier found the answer
     assert all(r["branches"].get("summarize", 0) >= 1 for r in rows), rows  # its own compaction, as a branch
     assert m["compactions_per_session"] >= 1 and m["logprob_abs_diff"] <= 1e-5
-    gap = harness_rl.reference_gap(long_kit[1], None, tmp_path / "run" / "rollouts" / "step-0.jsonl")
+    gap = harness_rl.reference_gap(kit[1], None, tmp_path / "run" / "rollouts" / "step-0.jsonl")
     assert gap["targets"] > 0 and gap["max"] <= 1e-5, gap

@@ -161,12 +161,12 @@ def test_fits_model_rejects_a_call_longer_than_the_positions(renderer):
 
 
 def test_sft_sets_a_1mb_message_aside_before_any_forward(tmp_path, kit):
-    """Old code: a 1 MB user message (~580K kit tokens against 8,192 positions) ran sft > 150 s with no
-    output. Now it is rejected as too_long (the kit model has 8,192 positions, read from its config)
+    """Old code: a 1 MB user message (~580K kit tokens against the kit's positions) ran sft > 150 s with no
+    output. Now it is rejected as too_long (the kit model has 65,536 positions, read from its config)
     and the other records train."""
     from memorywalker.recipes.sft import SFTConfig, train
 
-    assert model_positions(kit[1]) == 8192 and model_positions("kit") == 8192
+    assert model_positions(kit[1]) == 65_536 and model_positions("kit") == 65_536
     long = good(9)
     long["messages"][1]["content"] = " ".join(f"w{i % 997}" for i in range(200_000))[: 1 << 20]
     data = write(tmp_path / "long.jsonl", [good(0), long, good(1)])
@@ -176,7 +176,7 @@ def test_sft_sets_a_1mb_message_aside_before_any_forward(tmp_path, kit):
     assert result.steps == 1
     (row,) = rejects_of(run / "rejects.rank0.jsonl")
     assert row["reason"] == "too_long" and row["line"] == 2
-    assert row["message"].endswith("tokens; the model has 8,192 positions (max_seq_len)")
+    assert row["message"].endswith("tokens; the model has 65,536 positions (max_seq_len)")
 
 
 # --- 9. inspect on nothing ---------------------------------------------------------------------------

@@ -216,7 +216,7 @@ class Workspace:
 
 def workspace(workdir: Path | None = None, *, sandbox: bool = False, prefix: str = "mw-") -> Workspace:
     """A fresh ``workdir`` (a new temporary one when None) and its HOME beside it."""
-    workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix)).resolve()  # bubblewrap binds absolute paths only
     home = workdir.parent / f"{workdir.name}.home"
     workdir.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)

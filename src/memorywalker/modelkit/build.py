@@ -143,12 +143,16 @@ def kit_dir(cache: str | os.PathLike | None = None) -> Path:
     return Path(root)
 
 
+KIT_POSITIONS = 65_536
+
+
 def default_kit(
     cache: str | os.PathLike | None = None, *, template: str = "chatml", arch: str = "llama", seed: int = 0
 ) -> tuple[Path, Path]:
     """Build (once, then reuse) the default tokenizer and tiny model; return ``(tokenizer_dir, model_dir)``.
 
-    The cache key covers the corpus, the template and the build code, so a change rebuilds.
+    The model has :data:`KIT_POSITIONS` positions, so that a real harness's first prompt fits it (Claude
+    Code's, Codex's and OpenCode's are 15.6K–30K kit tokens with their tools rendered). The cache key covers the corpus, the template and the build code, so a change rebuilds.
     """
     key_src = json.dumps([bundled_corpus(), TEMPLATES[template], arch, seed, _build_version()])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:12]
@@ -157,7 +161,7 @@ def default_kit(
     if not (model_dir / "config.json").exists():
         tmp = root.with_name(root.name + f".tmp{os.getpid()}")
         build_tokenizer(tmp / "tokenizer", template=template)
-        build_model(tmp / "model", tmp / "tokenizer", arch=arch, seed=seed)
+        build_model(tmp / "model", tmp / "tokenizer", arch=arch, seed=seed, max_positions=KIT_POSITIONS)
         try:
             tmp.rename(root)  # atomic: a concurrent builder either wins or finds it built
         except OSError:

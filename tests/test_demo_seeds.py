@@ -117,7 +117,9 @@ def recorded(name: str) -> list[dict]:
 
 
 def quoted(name: str) -> str:
-    return readme_block((ROOT / "README.md").read_text(encoding="utf-8"), name)
+    """The headline as quoted: the full demo's in the README, the quick demo's in docs/demo.md."""
+    where = ROOT / ("README.md" if name == "full" else "docs/demo.md")
+    return readme_block(where.read_text(encoding="utf-8"), name)
 
 
 @pytest.mark.parametrize("name", ["full", "quick"])

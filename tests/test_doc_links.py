@@ -1,5 +1,5 @@
-"""Every relative link in README.md and docs/*.md resolves: the file exists, and an ``#anchor`` names a
-heading of that file (GitHub's slugs: lower case, punctuation dropped, spaces as hyphens)."""
+"""Every relative link in README.md, examples/README.md and docs/*.md resolves: the file exists, and an
+``#anchor`` names a heading of that file (GitHub's slugs: lower case, punctuation dropped, spaces as hyphens)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def anchors(path: Path) -> set[str]:
 
 def test_every_relative_link_resolves():
     bad = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)  # code blocks are not links
         for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target):  # http(s):, mailto: — not checked offline

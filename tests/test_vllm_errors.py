@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -87,26 +88,34 @@ def _rollout(*args: str):
                                     *args])
 
 
-def test_rollout_default_window_fits_the_models_positions(fake_vllm, kit, tmp_path):
-    """The kit model has 8192 positions. By default ``--max-context`` is 8192 − ``--max-new-tokens`` 256 =
+@pytest.fixture(scope="module")
+def kit_8k(kit, tmp_path_factory) -> Path:
+    """A kit model of 8,192 positions (the default kit has 65,536): the window the rollout's defaults make."""
+    from memorywalker.modelkit.build import build_model
+
+    return build_model(tmp_path_factory.mktemp("kit-8k") / "model", kit[0], max_positions=8192)
+
+
+def test_rollout_default_window_fits_the_models_positions(fake_vllm, kit_8k, tmp_path):
+    """A model of 8192 positions. By default ``--max-context`` is 8192 − ``--max-new-tokens`` 256 =
     7936, so the engine's window is 7936 + 256 = 8192 (before: 8192 + 256 = 8448, which vLLM refuses:
     "max_model_len (8448) is greater than the derived max_model_len"). The stand-in engine then fails to
     start, which is one line, exit 2."""
     fake_vllm["start"] = RuntimeError("stand-in engine: not started")
-    res = _rollout("--sampler", f"vllm:{kit[1]}", "-o", str(tmp_path / "x.jsonl"))
+    res = _rollout("--sampler", f"vllm:{kit_8k}", "-o", str(tmp_path / "x.jsonl"))
     assert fake_vllm["kwargs"]["max_model_len"] == 8192
     assert res.exit_code == 2 and "not started" in res.output
 
 
-def test_rollout_window_past_the_models_positions_names_the_flag(fake_vllm, kit, tmp_path):
-    """``--max-context 8192`` given on the 8192-position kit model: refused before any engine starts, in
+def test_rollout_window_past_the_models_positions_names_the_flag(fake_vllm, kit_8k, tmp_path):
+    """``--max-context 8192`` given on a model of 8192 positions: refused before any engine starts, in
     one line naming the flag and the largest value that fits (8192 − 256 = 7936); likewise a
     ``--max-model-len`` past the positions."""
-    res = _rollout("--sampler", f"vllm:{kit[1]}", "--max-context", "8192", "-o", str(tmp_path / "x.jsonl"))
+    res = _rollout("--sampler", f"vllm:{kit_8k}", "--max-context", "8192", "-o", str(tmp_path / "x.jsonl"))
     assert res.exit_code == 2 and "kwargs" not in fake_vllm, res.output
     line = " ".join(res.output.split())
     assert "--max-context 8192 + --max-new-tokens 256 = 8448 exceeds the 8192 positions of" in line, line
     assert "lower --max-context to 7936 or less" in line, line
-    res = _rollout("--sampler", f"vllm:{kit[1]}", "--max-model-len", "9000", "-o", str(tmp_path / "x.jsonl"))
+    res = _rollout("--sampler", f"vllm:{kit_8k}", "--max-model-len", "9000", "-o", str(tmp_path / "x.jsonl"))
     line = " ".join(res.output.split())
     assert res.exit_code == 2 and "--max-model-len 9000 exceeds the 8192 positions of" in line, line

@@ -20,7 +20,7 @@ def demo(
                               "holds and each method's reward over runs (the README's headline)."),
     check_readme: Path | None = typer.Option(None, "--check-readme", exists=True, dir_okay=False,
                                              help="After the run, judge it against the headline over seeds this "
-                                             "README quotes (exit 1 when a conclusion that holds on every run "
+                                             "file quotes (README.md; docs/demo.md for --quick) (exit 1 when a conclusion that holds on every run "
                                              "there fails here, or a mean reward is out of reach: "
                                              "metrics/seeds.py)."),
     results: Path | None = typer.Option(None, "--results", exists=True, help="With --check-readme: judge this "
@@ -62,7 +62,11 @@ def demo(
                                  f"{', '.join(m for m in cfg.rl_methods if m not in cfg.methods)}")
     quoted = None
     if check_readme is not None:  # before the run: a README without the block fails before a 15-minute run
-        quoted = readme_block(check_readme.read_text(encoding="utf-8"), name)
+        try:
+            quoted = readme_block(check_readme.read_text(encoding="utf-8"), name)
+        except InputError as e:
+            hint = " (the quick demo's headline is in docs/demo.md)" if name == "quick" else ""
+            raise InputError(f"{check_readme}: {e}{hint}") from None
     log = lambda s: print(s, flush=True)  # noqa: E731
     if results is not None:
         doc = _read_results(results)

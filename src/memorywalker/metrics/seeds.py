@@ -227,10 +227,11 @@ def parse_headline(block: str) -> tuple[dict[str, tuple[int, int]], dict[tuple[s
 
 
 def readme_block(readme: str, name: str) -> str:
-    """The headline the README quotes between its ``demo-seeds:NAME`` markers (``full`` or ``quick``)."""
+    """The headline a document quotes between its ``demo-seeds:NAME`` markers (``full``: README.md,
+    ``quick``: docs/demo.md)."""
     begin, end = BEGIN.format(name=name), END.format(name=name)
     if begin not in readme or end not in readme:
-        raise InputError(f"README has no {begin} ... {end} block")
+        raise InputError(f"no {begin} ... {end} block in the file given")
     return readme.split(begin, 1)[1].split(end, 1)[0].strip()
 
 

@@ -3,7 +3,7 @@
 An agent that keeps notes copies: a code from an observation into a note, a note into a summary, a
 name from the task into a tool call. A randomly initialised model fine-tuned on agent transcripts for a
 few minutes on a CPU learns the transcript's boilerplate but not this skill (measured: the loss settles
-on the copied tokens at the entropy of a uniform guess, see the README's demo section). Copying is what
+on the copied tokens at the entropy of a uniform guess, docs/demo.md, "What was tried"). Copying is what
 induction heads do, and they form within a few hundred steps on sequences that repeat (Olsson et al.,
 2022, "In-context learning and induction heads"). So before any agent data the kit model sees a batch
 that is half

@@ -33,7 +33,7 @@ side, each in its own process with one torch thread (:func:`run_method`): the nu
 any number of workers.
 
 Writes ``DIR/results.json`` (with each stage's wall seconds and the machine), PNG plots,
-``DIR/index.html`` and ``DIR/table.md`` (the README's one-run tables), and prints the tables and the
+``DIR/index.html`` and ``DIR/table.md`` (seed 0's one-run tables in docs/demo.md), and prints the tables and the
 time per stage; over seeds, :func:`run_seeds` writes the README's headline
 (:mod:`memorywalker.metrics.seeds`). Everything is seeded: a rerun on the same machine with the same
 thread count is bitwise identical, another machine or thread count rounds differently; nothing is

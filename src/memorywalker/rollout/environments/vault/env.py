@@ -24,7 +24,7 @@ Names and codes are short words a byte-level BPE trained on this environment's t
 tokens (:meth:`VaultEnv.corpus`), episodes are short (``k`` + 1 act calls), and every note, summary
 and answer is the previous notes plus the newest label, written the same way (``name code`` pairs):
 each is a copy of text already in the context, the easiest skill for a tiny model trained on a CPU
-(the demo's 0.85M-parameter model: README, demo section).
+(the demo's 0.85M-parameter model: docs/demo.md).
 
 Suites: ``recall-2``, ``recall-3``, ``recall-4`` (``k`` boxes). :class:`~memorywalker.rollout.environments.vault.expert.VaultExpert`
 (``vault/expert.py``) is the scripted expert: a pure function of the delivered context, so it succeeds exactly when its notes survive.

@@ -63,6 +63,27 @@ def harness_logs() -> Path:
     return HARNESS_LOGS
 
 
+def gateway_process(args: list[str], *, port: int, cwd: Path, env: dict | None = None):
+    """``memorywalker gateway ARGS`` as a process of its own (``python -m memorywalker``), returned once
+    ``port`` on 127.0.0.1 accepts connections; stdout and stderr together in its ``stdout``."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "memorywalker", "gateway", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120  # importing torch and loading the model: seconds
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the gateway did not start on port {port}:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.25)
+
+
 def load_script(name: str):
     """The module ``scripts/<name>.py`` (scripts/ is not a package; the tests share its constants and references)."""
     import importlib.util

@@ -270,10 +270,19 @@ def test_bad_requests_get_their_dialects_error_and_the_gateway_keeps_serving(ser
     assert r.status_code == 400 and "request.model" in message(r)
     r = _post(url, path, b"{" + b" " * (64 << 20) + b"}")
     assert r.status_code == 413 and "size limit" in message(r)
+    r = _post(url, path, b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")  # was a 500 RecursionError
+    assert r.status_code == 400 and "nests too deeply" in message(r)
     good = ({"model": "kit", "input": "hi"} if path == "/v1/responses"
             else {"model": "kit", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
+    cap = {"/v1/messages": "max_tokens", "/v1/chat/completions": "max_tokens", "/v1/responses": "max_output_tokens"}
+    for field, value, said in [(cap[path], -1, "must be at least 1, got -1"),  # was 200 with an empty reply
+                               (cap[path], 0, "must be at least 1, got 0"),
+                               ("temperature", -0.5, "must be a number ≥ 0, got -0.5"),
+                               ("top_p", 0, "must be in (0, 1], got 0")]:
+        r = _post(url, path, good | {field: value})
+        assert r.status_code == 400 and message(r) == f"request.{field}: {said}", (field, r.text)
     assert _post(url, path, good).status_code == 200
-    assert journal(out) and gw.stats["errors"] == 4
+    assert journal(out) and gw.stats["errors"] == 9
 
 
 def test_prompt_longer_than_the_model_is_400_with_the_length(kit, tmp_path):
@@ -401,43 +410,38 @@ def test_eight_sessions_at_once_never_mix(served):
         assert not any(f"ask {j}" in text for j in range(8) if j != k)
 
 
-def test_kill_9_keeps_every_completed_call(kit, tmp_path):
-    """The CLI gateway in its own process, two calls, SIGKILL: both calls are in the journal, and the
-    next start (or --finalize) turns them into a trajectory that loads."""
-    import os
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_stopped_gateway_keeps_every_completed_call(kit, tmp_path, sig):
+    """The CLI gateway in its own process, two calls, then ``sig``. SIGTERM (what kill, docker stop and
+    systemd send) and SIGINT (Ctrl-C) finalize the open session into trajectories.jsonl and exit 0 (SIGTERM
+    used to end the process with the session left in its journal); after SIGKILL both calls are in the
+    journal, and the next start (or --finalize) turns them into a trajectory that loads."""
     import signal
-    import subprocess
-    import sys
-    import time
 
+    from conftest import gateway_process
     from memorywalker.gateway.server import free_port
 
     script = tmp_path / "script.yaml"
     script.write_text(SCRIPT)
     port = free_port()
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "memorywalker.cli.main", "gateway", "--model", str(kit[1]),
-                             "--tokenizer", str(kit[0]), "--backend", f"scripted:{script}", "--out", str(out),
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = gateway_process(["--model", str(kit[1]), "--tokenizer", str(kit[0]), "--backend", f"scripted:{script}",
+                            "--out", str(out), "--port", str(port)], port=port, cwd=tmp_path)
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                httpx.get(url + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        client = anthropic.Anthropic(base_url=url, api_key="x")
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="x")
         messages = [{"role": "user", "content": "Read the notes."}]
-        tool_turn(client, "killed", messages, "hello")
-        tool_turn(client, "killed", messages, "notes.txt")
+        tool_turn(client, "stopped", messages, "hello")
+        tool_turn(client, "stopped", messages, "notes.txt")
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not (out / "trajectories.jsonl").exists()
-    assert finalize_all(out) == 1
+        proc.send_signal(getattr(signal, sig))
+        log = proc.communicate(timeout=60)[0]
+    if sig == "SIGKILL":
+        assert not (out / "trajectories.jsonl").exists()
+        assert finalize_all(out) == 1
+    else:
+        assert proc.returncode == 0 and "1 trajectories written" in log, log
     (traj,) = read_trajectories(out / "trajectories.jsonl")
-    assert traj.id == "killed" and len(traj.calls) == 2
+    assert traj.id == "stopped" and len(traj.calls) == 2
 
 
 def test_redact_keeps_secrets_off_disk_and_clean_calls_exact(kit, tmp_path):

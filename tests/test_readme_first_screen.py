@@ -20,13 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import require_harness
+from conftest import gateway_process, require_harness
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -130,17 +129,9 @@ def test_way_2_the_gateway_records_a_call_and_prints_each_harness_settings(clone
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", port)) == 0:
             pytest.skip(f"port {port} is in use on this machine")
-    argv = [sys.executable, "-m", "memorywalker", *shlex.split(c)[1:]]
-    proc = subprocess.Popen(argv, cwd=clone["cwd"], env=clone["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = gateway_process(shlex.split(c)[2:], port=port, cwd=clone["cwd"], env=clone["env"])
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(240):  # building the kit and loading it: a few seconds
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.25)
         body = {"model": "kit", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi."}]}
         req = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(),
                                      {"content-type": "application/json", "x-session-id": "first-screen"})

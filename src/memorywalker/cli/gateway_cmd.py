@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -53,7 +54,7 @@ def gateway(
                                             "template render every request), or a packaged model's name."),
     out: Path | None = typer.Option(None, help="(Required to serve.) Where the records go: sessions/*.jsonl (journals, one line per call), "
                                        "trajectories.jsonl (one per session line, written when a session idles "
-                                       "or the gateway stops)."),
+                                       "or the gateway stops: Ctrl-C or SIGTERM)."),
     backend: str = typer.Option("hf", help="hf | vllm | openai:URL[,URL...] (`vllm serve` processes of the same "
                                            "model: token ids in, ids and logprobs out; a session's calls stay on one "
                                            "server, all sessions in flight at once) | scripted:FILE"),
@@ -111,6 +112,9 @@ def gateway(
                           + (f" [yellow]{record['parse_error']}[/yellow]" if record.get("parse_error") else ""))
 
     server = BackgroundServer(gw, host=host, port=port, api_key=api_key, idle_s=idle, on_call=on_call)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, and what kill, docker stop and systemd send; before
+        signal.signal(sig, lambda *_: stop.set())  # the port opens, so that no call is served unguarded
     url = server.start()
     console.print(f"memorywalker gateway on {url} serving {model} ({backend}), {gw.max_positions} positions, "
                   f"tool calls parsed by '{gw.tool_parser}'"
@@ -118,15 +122,11 @@ def gateway(
                      if gw.tool_parser == "text" else "") + "; "
                   f"records in {out}. `memorywalker gateway --settings --port {port}` prints harness settings. "
                   "Ctrl-C stops.")
-    try:
-        while True:
-            time.sleep(15)
-            table = _table(gw)
-            if table:
-                console.print(table)
-    except KeyboardInterrupt:
-        pass
-    n = server.stop()
+    while not stop.wait(15):
+        table = _table(gw)
+        if table:
+            console.print(table)
+    n = server.stop()  # every open session finalized into trajectories.jsonl
     console.print(f"stopped: {gw.stats['calls']} calls, {gw.stats['errors']} errors; {n} trajectories written to "
                   f"{out / 'trajectories.jsonl'}")
 

@@ -28,6 +28,7 @@ from memorywalker.gateway.dialect import (
     arguments_text,
     need,
     optional,
+    sampling,
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
@@ -80,9 +81,8 @@ def parse(body: Any) -> Request:
             continue
         tools.append(ToolSchema(name=need(t, "name", str, where), description=optional(t, "description", str, where, ""),
                                 parameters=need(t, "input_schema", dict, where)))
-    max_tokens = optional(body, "max_tokens", int, "request")
-    return Request(NAME, model, messages, tools, stream=bool(body.get("stream")), max_tokens=max_tokens,
-                   ignored=ignored)
+    return Request(NAME, model, messages, tools, stream=bool(body.get("stream")),
+                   max_tokens=sampling(body, "max_tokens"), ignored=ignored)
 
 
 def _uncached(blocks: list, ignored: list[str]) -> list:

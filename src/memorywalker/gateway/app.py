@@ -5,7 +5,8 @@ Routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``P
 the same under ``/r/TAG/`` tags the sessions of those calls (one RL rollout's harness process).
 A call is sampled in a worker thread (the event loop keeps serving other sessions) and journaled
 before its first byte is sent; a client that disconnects mid-stream leaves the call recorded, with an
-``undelivered`` note. Statuses: 400 malformed request or a prompt longer than the model's positions
+``undelivered`` note. Statuses: 400 malformed request (not JSON, nested too deeply to parse, a field of the wrong type,
+a response cap below 1, a negative temperature) or a prompt longer than the model's positions
 ("prompt is too long: N tokens > M maximum", as the providers' APIs say it), 401 wrong key, 413 a body
 over the size limit, 502 backend failed or answered garbage, 504 backend too slow.
 """
@@ -67,6 +68,8 @@ def create_app(gateway: Gateway, *, api_key: str | None = None, on_call=None) ->
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the request body is not JSON: {e}") from None
+        except RecursionError:  # the parser's stack, not the gateway's: a body nested thousands deep
+            raise BadRequest("the request body nests too deeply to parse (no API request does)") from None
 
     def error(dialect: ModuleType, status: int, message: str) -> JSONResponse:
         gateway.stats["errors"] += 1

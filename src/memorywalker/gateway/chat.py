@@ -22,6 +22,7 @@ from memorywalker.gateway.dialect import (
     need,
     openai_error_json,
     optional,
+    sampling,
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
@@ -64,7 +65,7 @@ def parse(body: Any) -> Request:
                                 description=optional(fn, "description", str, f"{where}.function", ""),
                                 parameters=optional(fn, "parameters", dict, f"{where}.function")
                                 or {"type": "object", "properties": {}}))
-    max_tokens = optional(body, "max_completion_tokens", int, "request") or optional(body, "max_tokens", int, "request")
+    max_tokens = sampling(body, "max_completion_tokens", "max_tokens")
     usage = optional(body, "stream_options", dict, "request", {}).get("include_usage", False)
     return Request(NAME, model, messages, tools, stream=bool(body.get("stream")), max_tokens=max_tokens,
                    include_usage=bool(usage), ignored=ignored)

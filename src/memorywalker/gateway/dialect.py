@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
@@ -98,6 +99,34 @@ def need(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
 
 def optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
     return need(obj, key, kind, where) if obj.get(key) is not None else default
+
+
+def sampling(body: dict, *max_keys: str) -> int | None:
+    """The request's response cap (the first of ``max_keys`` it gives), after checking the sampling
+    parameters a client may send: a cap below 1, a negative or non-finite ``temperature`` and a ``top_p``
+    outside (0, 1] are 400s, as the providers answer them (the gateway samples at its own temperature; a
+    request's is checked, not used).
+
+    >>> sampling({"max_tokens": 5, "temperature": 0.7}, "max_tokens")
+    5
+    >>> sampling({"max_tokens": 0}, "max_tokens")
+    Traceback (most recent call last):
+    ...
+    memorywalker.gateway.dialect.BadRequest: request.max_tokens: must be at least 1, got 0
+    """
+    temperature = optional(body, "temperature", (int, float), "request")
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise BadRequest(f"request.temperature: must be a number ≥ 0, got {temperature}")
+    top_p = optional(body, "top_p", (int, float), "request")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise BadRequest(f"request.top_p: must be in (0, 1], got {top_p}")
+    for key in max_keys:
+        cap = optional(body, key, int, "request")
+        if cap is not None:
+            if cap < 1:
+                raise BadRequest(f"request.{key}: must be at least 1, got {cap}")
+            return cap
+    return None
 
 
 def _tuple(kind) -> tuple[type, ...]:

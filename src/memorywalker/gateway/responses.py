@@ -29,6 +29,7 @@ from memorywalker.gateway.dialect import (
     need,
     openai_error_json,
     optional,
+    sampling,
     text_of,
 )
 from memorywalker.records.schema import Message, ToolCall, ToolSchema
@@ -92,7 +93,7 @@ def parse(body: Any) -> Request:
         tools.append(ToolSchema(name=need(t, "name", str, where), description=optional(t, "description", str, where, ""),
                                 parameters=optional(t, "parameters", dict, where) or {"type": "object", "properties": {}}))
     return Request(NAME, model, messages, tools, stream=bool(body.get("stream")),
-                   max_tokens=optional(body, "max_output_tokens", int, "request"), ignored=ignored)
+                   max_tokens=sampling(body, "max_output_tokens"), ignored=ignored)
 
 
 def _assistant(messages: list[Message], reasoning: list[str]) -> Message:

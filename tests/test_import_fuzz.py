@@ -22,6 +22,7 @@ from test_import_synthetic import _codex_rollout
 from test_import_vscode_agents import _cline_history, _roo_truncated
 
 N_MUTATIONS = 30
+MINI = Path(__file__).resolve().parent / "data" / "mini-swe-agent" / "tools" / "traj.json"  # mini-swe-agent 2.4's own
 ODD_VALUES = [None, 0, -1, 1.5e308, "", "x", [], {}, [None], {"a": None}, True]
 
 
@@ -55,6 +56,7 @@ def _samples() -> dict[str, tuple[str, object]]:
         "roo-code": ("api_conversation_history.json", _roo_truncated()),
         "gemini-cli": ("session-1.jsonl", gemini),
         "hf-traces": ("d.jsonl", _v3_session()),
+        "mini-swe-agent": ("t.traj.json", json.loads(MINI.read_text())),
     }
 
 

@@ -353,6 +353,9 @@ def test_bad_input_every_format(tmp_path, fmt):
             {"role": "robot", "content": "?"}])),
         "roo-code": ("api_conversation_history.json", json.dumps([
             {"role": "user", "content": "fix", "ts": 1}, {"role": "assistant", "content": "ok", "ts": 2}, 7])),
+        "mini-swe-agent": ("t.traj.json", json.dumps({"trajectory_format": "mini-swe-agent-1.1", "info": {}, "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+            {"role": "hologram", "content": "?"}, {"role": "exit", "content": "", "extra": {"exit_status": "Submitted"}}]})),
         "gemini-cli": ("session-1.json", json.dumps({"sessionId": "g", "projectHash": "h", "messages": [
             {"id": "u1", "type": "user", "content": "hi"}, {"id": "g1", "type": "gemini", "content": "yo"},
             {"id": "z1", "type": "hologram", "content": "?"}]})),

@@ -59,8 +59,10 @@ def import_logs(
     reasons = ", ".join(f"{k}={v}" for k, v in {**c["rejects_by_reason"], **c["dropped_by_reason"]}.items())
     inputs = " ".join(str(p) for p in paths)
     if not result.trajectories:  # nothing to write: fail (no empty output file)
+        only = result.rejects[0].message if len(result.rejects) == 1 else None  # one cause: say it on the line
         raise InputError(f"{inputs}: no {format} trajectory imported (read {c['read']} records, rejected "
-                         f"{c['rejected']}{'; ' + reasons if reasons else ''}); reasons in {rejects_path}")
+                         f"{c['rejected']}{'; ' + reasons if reasons else ''}){': ' + only if only else ''}; "
+                         f"reasons in {rejects_path}")
     write_trajectories(output, result.trajectories)  # atomically: a reader never sees half of it
 
     table = Table(title=f"memorywalker import {format}")

@@ -198,8 +198,9 @@ def read_json(path: Path, result: ImportResult) -> Any:
     except RecordError as e:
         result.reject(path, None, e.code, f"{path.name}: {e.message}")
         return None
-    except json.JSONDecodeError as e:
-        reason = "truncated_line" if e.pos >= len(text.rstrip()) - 1 else "bad_json"
+    except json.JSONDecodeError as e:  # cut short: the parser ran out at the end, or inside a string that never closes
+        cut = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string")
+        reason = "truncated_line" if cut else "bad_json"
         result.reject(path, None, reason, f"{path.name}: {e}")
         return None
 

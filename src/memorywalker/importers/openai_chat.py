@@ -1,6 +1,7 @@
 """Proxy logs of chat-completions traffic → trajectories (the black-box case).
 
-Input: JSONL, one request/response pair per line, as logging proxies write them:
+Input: JSONL, one request/response pair per line, as logging proxies write them (or a JSON file of one
+conversation, ``{"messages": [...]}``: :func:`import_document`):
 ``{"request": {"messages": [...], "tools": [...]}, "response": {"choices": [{"message": ...,
 "finish_reason": ...}]}}`` (``body`` wrappers and a top-level ``messages``/``choices`` pair are
 accepted too). Pairs are grouped into trajectories by ``session_id`` / ``trajectory_id`` /
@@ -22,11 +23,12 @@ from memorywalker.importers.base import (
     as_text,
     content_text,
     import_files,
+    loads_deep_limited,
     parse_arguments,
     read_jsonl,
     str_list,
 )
-from memorywalker.records import Lineage, Task, ToolSchema, TrajectoryBuilder
+from memorywalker.records import Lineage, RecordError, Task, ToolSchema, TrajectoryBuilder
 from memorywalker.records.blackbox import ContentTable, infer_evictions
 
 FORMAT = "openai-chat"
@@ -84,7 +86,28 @@ def import_paths(paths: list[Path], options: ImportOptions | None = None) -> Imp
                         import_file)
 
 
+def is_mini_swe_agent(document: Any) -> bool:
+    """A mini-swe-agent trajectory (``trajectory_format: mini-swe-agent-…``: :mod:`.mini_swe_agent` imports it)."""
+    return isinstance(document, dict) and str(document.get("trajectory_format", "")).startswith("mini-swe-agent")
+
+
+def whole_document(path: Path) -> Any:
+    """The file as one JSON document when it is one spread over several lines (a JSON file, not JSON
+    Lines); None otherwise (a JSON Lines file, or one that does not parse as a whole)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if sum(1 for line in text.splitlines() if line.strip()) < 2:
+            return None
+        return loads_deep_limited(text)
+    except (OSError, UnicodeDecodeError, ValueError, RecordError):
+        return None
+
+
 def import_file(path: Path, result: ImportResult) -> None:
+    document = whole_document(path)
+    if document is not None:
+        import_document(path, document, result)
+        return
     groups: dict[str, list[tuple[int, dict, dict]]] = defaultdict(list)
     for line, obj in read_jsonl(path, result):
         req, resp = _unwrap(obj)
@@ -118,3 +141,33 @@ def import_file(path: Path, result: ImportResult) -> None:
         b.tools = list(tools.values())
         infer_evictions(b, "other")
         result.finish(b, path)
+
+
+def import_document(path: Path, document: Any, result: ImportResult) -> None:
+    """A JSON file holding one conversation (``{"messages": [...], "tools": [...]}`` or a bare message
+    list): each assistant message is a call whose context is every message before it (one path, black
+    box). A mini-swe-agent trajectory, or any other document, is rejected in one line naming the cause."""
+    if is_mini_swe_agent(document):
+        result.reject(path, None, "bad_format", f"{path.name}: a mini-swe-agent trajectory, not chat-completions "
+                      "logs: `memorywalker import mini-swe-agent`")
+        return
+    messages = document.get("messages") if isinstance(document, dict) else document
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        result.reject(path, None, "bad_format", f"{path.name}: one JSON document, not JSON Lines (one "
+                      "request/response pair per line), and not a conversation (a 'messages' list of objects)")
+        return
+    b = TrajectoryBuilder(path.stem, task=Task(id=path.stem), lineage=Lineage(source=FORMAT, source_path=str(path)),
+                          meta={"document": "one conversation: each call's context is every message before it"})
+    tools = [x for x in map(_tool_schema, as_list(document.get("tools") if isinstance(document, dict) else None))
+             if x is not None]
+    table = ContentTable(b)
+    fields = [to_fields(m) for m in messages]
+    for i, f in enumerate(fields):
+        if f["role"] == "assistant":
+            ids = table.context(fields[: i + 1])
+            b.call(ids[:-1], ids[-1], finish_reason="tool_calls" if f.get("tool_calls") else "stop",
+                   tools=[t.name for t in tools] or None, meta={"message": i})
+    b.tools = tools
+    result.read += 1  # the document, as one record (a file rejected above is a file-level reject)
+    result.imported += 1
+    result.finish(b, path)

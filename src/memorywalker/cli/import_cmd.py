@@ -75,6 +75,8 @@ def import_logs(
         table.add_row(f"calls unselected: {reason}", str(n))
     for kind, n in c["evictions"].items():
         table.add_row(f"evictions: {kind}", str(n))
+    if c["system_prompt_absent"]:  # meta.system_prompt = "absent" on each: the contexts start after it
+        table.add_row("trajectories without the system prompt (not in the log)", str(c["system_prompt_absent"]))
     if c["evictions_inferred"]:
         table.add_row("evictions inferred (not recorded by the harness)", str(c["evictions_inferred"]))
         table.add_row("  of which from billed-token drops", str(c["evictions_from_billed_drops"]))

@@ -87,6 +87,10 @@ class ImportResult:
         if not builder.calls:
             self.reject(source, None, "no_calls", f"trajectory {builder.id!r} has no model call")
             return None
+        if "system_prompt" not in builder.meta:  # per record: were the contexts imported with the system prompt?
+            roles = {m.id: m.role for m in builder.messages}
+            sent = any(roles.get(i) == "system" for c in builder.calls if c.purpose != "summarize" for i in c.context)
+            builder.meta["system_prompt"] = "recorded" if sent else "absent"
         try:
             traj = builder.build()
         except RecordError as e:
@@ -112,6 +116,8 @@ class ImportResult:
             "unselected_by_reason": dict(sorted(Counter((c.reason or "no_reason").split(":")[0]
                                                         for c in calls if not c.selected).items())),
             "evictions": dict(sorted(evictions.items())),
+            # trajectories whose act calls hold no system message: the log did not keep the one that was sent
+            "system_prompt_absent": sum(t.meta.get("system_prompt") == "absent" for t in self.trajectories),
             # not recorded by the harness: derived from the delivered contexts (swe-agent, qwen-agent, ...)
             # or from a billed-token drop (those carry ``meta.evidence``); the rest are white-box records
             "evictions_inferred": sum(bool(ev.meta.get("inferred")) for ev in evs),

@@ -152,7 +152,8 @@ class _Session:
         self.b = TrajectoryBuilder(tid, task=Task(id=tid), lineage=Lineage(
             source=FORMAT, source_path=str(source), parent=info.get("parentID"),
             relation="subagent" if info.get("parentID") else None),
-            meta={"title": info.get("title")} if info.get("title") else {})
+            meta={"system_prompt": "absent", "system_prompt_note": "OpenCode's database does not store the system "
+                  "prompt it sent", **({"title": info["title"]} if info.get("title") else {})})
         self.info, self.source, self.result = info, source, result
         self.history: list[tuple[str, float | None, str | None]] = []  # (message id, pruned-at time, placeholder)
         self.first_entry: dict[str, int] = {}  # OpenCode message id -> its first index in history

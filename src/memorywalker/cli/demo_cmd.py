@@ -20,9 +20,9 @@ def demo(
                               "holds and each method's reward over runs (the README's headline)."),
     check_readme: Path | None = typer.Option(None, "--check-readme", exists=True, dir_okay=False,
                                              help="After the run, judge it against the headline over seeds this "
-                                             "file quotes (README.md; docs/demo.md for --quick) (exit 1 when a conclusion that holds on every run "
-                                             "there fails here, or a mean reward is out of reach: "
-                                             "metrics/seeds.py)."),
+                                             "file quotes (README.md; docs/demo.md for --quick): exit 1 when a "
+                                             "conclusion that holds on every run there fails here, or a mean "
+                                             "reward is out of reach (metrics/seeds.py)."),
     results: Path | None = typer.Option(None, "--results", exists=True, help="With --check-readme: judge this "
                                         "finished run (its directory or results.json) instead of running one."),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated methods to train (default: the "

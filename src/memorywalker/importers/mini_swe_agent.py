@@ -131,9 +131,9 @@ def _offers_tools(config: dict, messages: list) -> bool:
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type:
         return "textbased" not in model_type.lower()
-    for m in messages:
-        extra = m.get("extra") if isinstance(m, dict) and isinstance(m.get("extra"), dict) else {}
-        reply = _message(extra["response"]) if isinstance(extra.get("response"), dict) else None
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls") or reply and reply.get("tool_calls"):
+    for m in (m for m in messages if isinstance(m, dict)):
+        extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+        reply = (_message(extra["response"]) if isinstance(extra.get("response"), dict) else None) or {}
+        if (m.get("role") == "assistant" and m.get("tool_calls")) or reply.get("tool_calls"):
             return True
     return False

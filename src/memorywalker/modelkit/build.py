@@ -152,7 +152,8 @@ def default_kit(
     """Build (once, then reuse) the default tokenizer and tiny model; return ``(tokenizer_dir, model_dir)``.
 
     The model has :data:`KIT_POSITIONS` positions, so that a real harness's first prompt fits it (Claude
-    Code's, Codex's and OpenCode's are 15.6K–30K kit tokens with their tools rendered). The cache key covers the corpus, the template and the build code, so a change rebuilds.
+    Code's, Codex's and OpenCode's are 15.6K–30K kit tokens with their tools rendered). The cache key
+    covers the corpus, the template and the build code, so a change rebuilds.
     """
     key_src = json.dumps([bundled_corpus(), TEMPLATES[template], arch, seed, _build_version()])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:12]

@@ -89,3 +89,20 @@ def test_openai_chat_points_a_mini_swe_agent_file_to_its_format_and_reads_one_co
     (tmp_path / "conversation.json").write_text(json.dumps(conversation, indent=1))
     (traj,) = run_import("openai-chat", [tmp_path / "conversation.json"]).trajectories
     assert len(traj.calls) == 3 and [len(c.context) for c in traj.calls] == [2, 4, 6]
+
+
+def test_odd_values_where_the_agent_keeps_its_own_records_do_not_stop_the_import(tmp_path):
+    """The fields only the agent reads (``info.config.model``, each response's ``model``, ``usage``,
+    ``choices``, ``finish_reason``) given the wrong types: the 3 calls import, without billed counts and with
+    the finish reason from the message itself (tool calls)."""
+    doc = json.loads((DATA / "tools" / "traj.json").read_text())
+    doc["info"]["config"]["model"] = "a string"
+    for m in doc["messages"]:
+        if m["role"] == "assistant":
+            m["extra"]["response"] |= {"model": ["m"], "usage": {"prompt_tokens": "12", "completion_tokens": [1]},
+                                       "choices": [{"finish_reason": ["x"]}]}
+    (tmp_path / "odd.traj.json").write_text(json.dumps(doc))
+    result = run_import("mini-swe-agent", [tmp_path / "odd.traj.json"])
+    (traj,) = result.trajectories
+    assert [c.finish_reason for c in traj.calls] == ["tool_calls"] * 3 and not result.rejects
+    assert all("billed_tokens" not in c.meta and c.meta["context_check"] == "unchecked" for c in traj.calls)

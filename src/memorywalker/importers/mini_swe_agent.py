@@ -66,10 +66,11 @@ def import_file(path: Path, result: ImportResult) -> None:
     info = data.get("info") if isinstance(data.get("info"), dict) else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else {}
     key = path.name.removesuffix(".json").removesuffix(".traj")
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
     b = TrajectoryBuilder(key, task=Task(id=key), lineage=Lineage(source=FORMAT, source_path=str(path)),
                           meta={"trajectory_format": data["trajectory_format"],
                                 "mini_swe_agent_version": info.get("mini_version"),
-                                "model": (config.get("model") or {}).get("model_name")})
+                                "model": model.get("model_name")})
     table = ContentTable(b)
     sent: list[dict] = []
     tools = _offers_tools(config, data["messages"])
@@ -108,19 +109,23 @@ def _call(b: TrajectoryBuilder, table: ContentTable, sent: list[dict], reply: di
     """The call answered by ``reply`` (message ``index``), its context everything sent before it."""
     ids = table.context([*sent, reply])
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-    choice = next(iter(response.get("choices") or []), {})
+    choices = response.get("choices") if isinstance(response.get("choices"), list) else []
+    choice = next(iter(choices), {})
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     meta: dict[str, Any] = {"message": index}
-    counted = billed.billed(usage.get("prompt_tokens"), usage.get("completion_tokens") or 0, response.get("model"))
+    model = response.get("model") if isinstance(response.get("model"), str) else None
+    counted = billed.billed(usage.get("prompt_tokens"), usage.get("completion_tokens"), model)
     if counted is not None:
         meta["billed_tokens"] = counted
     b.call(ids[:-1], ids[-1], meta=meta, tools=["bash"] if tools else None,
-           finish_reason=_FINISH.get(finish, "tool_calls" if reply.get("tool_calls") else "stop"))
+           finish_reason=_FINISH.get(finish if isinstance(finish, str) else "", "tool_calls" if reply.get("tool_calls")
+                                     else "stop"))
 
 
 def _message(response: dict) -> dict | None:
     """The assistant message of a recorded API response (``choices[0].message``)."""
-    choice = next(iter(response.get("choices") or []), None)
+    choices = response.get("choices") if isinstance(response.get("choices"), list) else []
+    choice = next(iter(choices), None)
     message = choice.get("message") if isinstance(choice, dict) else None
     return message if isinstance(message, dict) else None
 

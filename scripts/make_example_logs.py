@@ -23,10 +23,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sqlite3
+import sys
 from importlib import resources
 from pathlib import Path
 
-PROMPT = "Read notes.txt, list the files, write out.txt, then show it."
+sys.path.insert(0, str(Path(__file__).parent))
+from harness_sessions import PROMPT  # noqa: E402 — the shipped scripted session's task
+
 COMPACT_AT = {"claude-code": 30250, "codex": 15000, "opencode": 17080}  # each compacts at least once
 
 

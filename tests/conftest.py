@@ -80,7 +80,7 @@ def gateway_process(args: list[str], *, port: int, cwd: Path, env: dict | None =
                 return proc
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(f"the gateway did not start on port {port}:\n{proc.communicate()[0][-3000:]}")
+            raise RuntimeError(f"the gateway did not start on port {port}:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.25)
 
 

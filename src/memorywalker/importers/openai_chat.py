@@ -12,6 +12,7 @@ inferred eviction of kind ``other``.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,18 @@ def is_mini_swe_agent(document: Any) -> bool:
 
 def whole_document(path: Path) -> Any:
     """The file as one JSON document when it is one spread over several lines (a JSON file, not JSON
-    Lines); None otherwise (a JSON Lines file, or one that does not parse as a whole)."""
+    Lines); None otherwise (a JSON Lines file, or one that does not parse as a whole). Only the first
+    non-empty line is read of a file where that line is a JSON value on its own (JSON Lines, the usual case)."""
     try:
-        text = path.read_text(encoding="utf-8")
-        if sum(1 for line in text.splitlines() if line.strip()) < 2:
-            return None
-        return loads_deep_limited(text)
-    except (OSError, UnicodeDecodeError, ValueError, RecordError):
+        with path.open(encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+            try:
+                json.loads(first)
+                return None  # a line that is a value by itself: JSON Lines
+            except ValueError:
+                rest = f.read()
+        return loads_deep_limited(first + rest) if rest.strip() else None
+    except (OSError, UnicodeDecodeError, ValueError, RecordError, RecursionError):
         return None
 
 

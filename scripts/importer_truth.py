@@ -4,6 +4,7 @@
         --case claude-code /tmp/imp/cc ~/.claude/projects/<slug>/<session>.jsonl \\
         --case codex /tmp/imp/codex $CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl \\
         --case opencode /tmp/imp/oc $HOME/.local/share/opencode/opencode.db \\
+        [--tokenizer TOK] [--tools codex=codex-0.169.0 --tools opencode=opencode-1.18.33] \\
         [--json truth.json] [--details]
 
 Each ``--case HARNESS OUT LOG`` names a gateway output dir (``OUT/trajectories.jsonl``, written by
@@ -30,7 +31,12 @@ contexts become a list of units, in order:
 
 A call is *equal* when the unit lists are equal, and *equal without the system prompt* when they are
 equal once a leading ``text(system)`` unit is dropped from each side (logs that do not store the
-system prompt). The first difference is classified: ``missing`` (a captured unit the import lacks),
+system prompt). With ``--tokenizer`` each imported context is also rendered by that tokenizer's chat
+template (with the tools the call offers, plain ``apply_chat_template``) and compared token for token
+with the ids the gateway fed the model for the captured call (its recorded ``context_tokens``): *tokens
+equal*; and, with a leading system message dropped from both, the captured context rendered the same
+way: *tokens equal w/o system prompt*. ``--tools HARNESS=SPEC`` is that importer's ``--tools``
+(``memorywalker import codex|opencode --tools``: the logs do not record the tool schemas). The first difference is classified: ``missing`` (a captured unit the import lacks),
 ``extra`` (an imported unit the capture lacks), ``text`` (same kind and role, other text),
 ``tool_call``, ``tool_result``, ``role`` and ``order`` (same units, other order).
 """
@@ -45,6 +51,7 @@ from typing import Any
 
 from memorywalker.importers import ImportOptions, run_import
 from memorywalker.records import Trajectory
+from memorywalker.render.types import message_to_hf, tools_to_hf
 
 
 def units(traj: Trajectory, context: list[str]) -> list[tuple]:
@@ -124,11 +131,36 @@ def _strip_system(u: list[tuple]) -> list[tuple]:
     return u[1:] if u and u[0][:2] == ("text", "system") else u
 
 
-def compare(harness: str, out_dir: Path, log: Path) -> dict[str, Any]:
+def prompt_ids(tok, traj: Trajectory, index: int, without_system: bool = False) -> list[int]:
+    """Call ``index``'s context rendered by ``tok``'s chat template, as a plain ``apply_chat_template``
+    (without its leading system message, when asked)."""
+    call, table = traj.calls[index], traj.message_table()
+    messages = [table[m] for m in call.context]
+    if without_system and messages and messages[0].role == "system":
+        messages = messages[1:]
+    text = tok.apply_chat_template([message_to_hf(m) for m in messages], tools=tools_to_hf(traj, call.tools),
+                                   tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def token_check(tok, truth: Trajectory, want: int, imp: Trajectory, got: int) -> dict[str, Any]:
+    """The imported call's rendering against the ids the gateway fed the model (rendered, where it did not
+    record them)."""
+    sent = truth.calls[want].context_tokens
+    sent = list(sent) if sent is not None else prompt_ids(tok, truth, want)
+    mine = prompt_ids(tok, imp, got)
+    first = next((k for k, (a, b) in enumerate(zip(sent, mine, strict=False)) if a != b), min(len(sent), len(mine)))
+    return {"tokens_equal": sent == mine, "tokens_captured": len(sent), "tokens_imported": len(mine),
+            "first_token_difference": None if sent == mine else first,
+            "tokens_equal_without_system": prompt_ids(tok, truth, want, True) == prompt_ids(tok, imp, got, True)}
+
+
+def compare(harness: str, out_dir: Path, log: Path, options: ImportOptions | None = None,
+            tokenizer: Any = None) -> dict[str, Any]:
     captured = [Trajectory.model_validate(json.loads(line))
-                for line in (out_dir / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+                for line in (Path(out_dir) / "trajectories.jsonl").read_text().splitlines() if line.strip()]
     truth = next(t for t in captured if "/side-" not in t.id)
-    result = run_import(harness, [log], ImportOptions())
+    result = run_import(harness, [Path(log)], options or ImportOptions())
     main = [t for t in result.trajectories if t.lineage.parent is None]
     counts = result.counts()
     row: dict[str, Any] = {
@@ -157,6 +189,8 @@ def compare(harness: str, out_dir: Path, log: Path) -> dict[str, Any]:
                 entry.update(imported=got[k].id, equal=diff is None, equal_without_system=diff_ns is None,
                              difference=diff, difference_without_system=diff_ns,
                              captured_units=len(a), imported_units=len(b))
+                if tokenizer is not None:
+                    entry.update(token_check(tokenizer, truth, truth.calls.index(wc), imp, imp.calls.index(got[k])))
             row["calls"].append(entry)
         row.setdefault("unmatched_imported", 0)
         row["unmatched_imported"] += max(0, len(got) - len(want))
@@ -164,9 +198,11 @@ def compare(harness: str, out_dir: Path, log: Path) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    tokens = any("tokens_equal" in c for r in rows for c in r["calls"])
     lines = ["| harness | calls captured | calls imported | equal | equal w/o system prompt | differing "
-             "(first difference) | differing w/o system prompt | rejected records by reason |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(first difference) | differing w/o system prompt |"
+             + (" tokens equal | tokens equal w/o system prompt |" if tokens else "") + " rejected records by reason |",
+             "|---|---|---|---|---|---|---|" + ("---|---|" if tokens else "") + "---|"]
     for r in rows:
         calls = r["calls"]
         diff = Counter(c["difference"][0] for c in calls if not c["equal"])
@@ -177,24 +213,48 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['harness']} | {len(calls)} ({fmt(r['captured'])}) | "
                      f"{sum(r['imported'].values())} ({fmt(r['imported'])}) | {eq} | {eq_ns} | "
                      f"{len(calls) - eq} ({fmt(diff)}) | {len(calls) - eq_ns} ({fmt(diff_ns)}) | "
-                     f"{fmt(r['rejects_by_reason'])} |")
+                     + (f"{_tokens_cell(calls, 'tokens_equal')} | {_tokens_cell(calls, 'tokens_equal_without_system')} | "
+                        if tokens else "") + f"{fmt(r['rejects_by_reason'])} |")
     return "\n".join(lines)
+
+
+def _tokens_cell(calls: list[dict[str, Any]], key: str) -> str:
+    """"k of n (act a of b)": calls whose imported context renders to the captured ids."""
+    act = [c for c in calls if c["purpose"] != "summarize"]
+    return (f"{sum(c.get(key, False) for c in calls)} of {len(calls)} "
+            f"(act {sum(c.get(key, False) for c in act)} of {len(act)})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--case", nargs=3, action="append", required=True, metavar=("HARNESS", "OUT", "LOG"),
                     help="importer name (claude-code, codex, opencode), gateway output dir, the harness's own log")
+    ap.add_argument("--tokenizer", help="also compare token for token, rendered by this tokenizer's chat template "
+                    "(the one the gateway served)")
+    ap.add_argument("--tools", action="append", default=[], metavar="HARNESS=SPEC",
+                    help="that importer's --tools (a shipped set's name or a JSON file)")
     ap.add_argument("--json", type=Path, help="write every row (with each call's first difference) here")
     ap.add_argument("--details", action="store_true", help="print each call's first difference")
     args = ap.parse_args()
-    rows = [compare(h, Path(o), Path(log)) for h, o, log in args.case]
+    tok = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    from memorywalker.importers.tools import load_tool_set
+    options = {}
+    for pair in args.tools:
+        harness, _, spec = pair.partition("=")
+        options[harness] = ImportOptions(tools=load_tool_set(spec))
+    rows = [compare(h, Path(o), Path(log), options.get(h), tok) for h, o, log in args.case]
     print(table(rows))
     if args.details:
         for r in rows:
             for c in r["calls"]:
                 d, ns = c["difference"], c["difference_without_system"]
-                print(f"{r['harness']} {c['captured']} ({c['purpose']}) -> {c['imported']}: "
+                tokens = ("" if "tokens_equal" not in c else f" [tokens {c['tokens_captured']} captured, "
+                          f"{c['tokens_imported']} imported" + (", equal]" if c["tokens_equal"]
+                                                                 else f", first difference at {c['first_token_difference']}]"))
+                print(f"{r['harness']} {c['captured']} ({c['purpose']}) -> {c['imported']}{tokens}: "
                       + ("equal" if d is None else f"{d[0]} at unit {d[1]}: {d[2]}")
                       + ("" if d is None or d == ns else " | w/o system prompt: "
                          + ("equal" if ns is None else f"{ns[0]} at unit {ns[1]}: {ns[2]}")))

@@ -254,11 +254,13 @@ def _tc(inp, out, total, reasoning=0):
 def test_codex_token_counts(tmp_path):
     """Codex sends token_count when a sampling request completes (rollout/policy.rs persists it): each
     new one is the billed count of the call before it; a repeat (same total_token_usage) is ignored;
-    one before a ``compacted`` record is the compaction's own request (unattributed).
+    one no call awaits, just before a ``compacted`` record, is the compaction's own request: the summary
+    call built from ``compacted.message`` (this old-style rollout holds no answer item) gets it.
     call-0 5,000 · call-1 5,100 ≥ 5,000 + 50 - 64 → verified · call-2 4,000 < 5,100 + 20 - 64 with no
-    compaction → an inferred eviction, unselected · call-3 after the compaction: no prefix parent, but
-    Codex keeps the real user messages across a compaction, so its context still holds "fix the bug"
-    and "more", which were there when the unknown removal happened → unverified too."""
+    compaction → an inferred eviction, unselected · call-3, the summary call (3,000, summarize: not
+    checked for growth) holds "fix the bug" and "more", which were there when the unknown removal
+    happened → unverified · call-4 after the compaction: no prefix parent, but Codex keeps the real user
+    messages across a compaction, so its context still holds them → unverified too."""
     def item(p):
         return {"type": "response_item", "payload": p}
 
@@ -279,13 +281,15 @@ def test_codex_token_counts(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = run_import("codex", [path])
     (traj,) = res.trajectories
-    assert [c.meta.get("billed_tokens", {}).get("prompt") for c in traj.calls] == [5000, 5100, 4000, 900]
-    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "unverified", "unverified"]
-    assert [c.selected for c in traj.calls] == [True, True, False, False]
+    assert [c.meta.get("billed_tokens", {}).get("prompt") for c in traj.calls] == [5000, 5100, 4000, 3000, 900]
+    assert [c.purpose for c in traj.calls] == ["act", "act", "act", "summarize", "act"]
+    assert [c.meta["context_check"] for c in traj.calls] == ["unchecked", "verified", "unverified", "unverified",
+                                                           "unverified"]
+    assert [c.selected for c in traj.calls] == [True, True, False, False, False]
     inferred = [e for e in traj.evictions if e.meta.get("inferred")]
     assert [(e.kind, e.before_call) for e in inferred] == [("other", "call-2")]
-    assert [e.kind for e in traj.evictions] == ["other", "summarize"]
-    assert res.notes["token_counts_unattributed"] == 1
+    assert [(e.kind, e.before_call) for e in traj.evictions] == [("other", "call-2"), ("summarize", "call-4")]
+    assert res.notes["token_counts_unattributed"] == 0
     assert res.read == len(rows) == res.imported + sum(res.skipped.values()) + res.rejected
 
 

@@ -154,15 +154,24 @@ def _codex_rollout(replacement: bool) -> list[dict]:
 
 @pytest.mark.parametrize("replacement", [True, False])
 def test_codex_compaction(tmp_path, tokenizer, replacement):
-    """2 model-output runs before the compaction, 1 after → 3 calls, 1 summarize eviction, 2 segments;
-    the post-compaction context keeps the initial context and user message, then the summary."""
+    """2 model-output runs before the compaction, the compaction's summary call (its answer taken from
+    ``compacted.message``: this rollout holds no answer item), 1 run after → 4 calls, 1 summarize
+    eviction before the last, 2 segments; the summary call's context is the history and Codex's
+    compaction prompt; the post-compaction context keeps the initial context and user message, then the
+    summary."""
     path = _write_jsonl(tmp_path / "rollout.jsonl", _codex_rollout(replacement))
     result = run_import("codex", [path])
     assert result.rejects == []
     (traj,) = result.trajectories
     table = traj.message_table()
-    assert len(traj.calls) == 3 and [e.kind for e in traj.evictions] == ["summarize"]
-    ctx = [table[m] for m in traj.calls[2].context]
+    assert [c.purpose for c in traj.calls] == ["act", "act", "summarize", "act"]
+    assert [(e.kind, e.before_call) for e in traj.evictions] == [("summarize", "call-3")]
+    summary = traj.calls[2]
+    assert summary.context[:-1] == [*traj.calls[1].context, traj.calls[1].response]
+    assert table[summary.context[-1]].content.startswith("You are performing a CONTEXT CHECKPOINT COMPACTION")
+    assert table[summary.response].content == "User asked to fix a bug; main.py exists."
+    assert summary.meta["response_from"] == "compacted.message" and summary.tools == []
+    ctx = [table[m] for m in traj.calls[3].context]
     assert [m.content for m in ctx[:2]] == [table[traj.calls[0].context[0]].content, "fix the bug"]
     assert ctx[2].is_artifact and "main.py exists" in ctx[2].content
     assert traj.evictions[0].inserted == [ctx[2].id]

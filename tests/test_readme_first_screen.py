@@ -99,8 +99,8 @@ def test_every_first_screen_command_is_run_here():
 
 def test_way_1_imports_the_shipped_log_and_measures_trains_and_shows_it(clone):
     """The shipped OpenCode session compacted once (one summarize eviction, K = 1). The README says the exact
-    methods match per-call forwards within 1.2e-7 there, and `dfs` is off by 0.019 nats per token after the
-    compaction (0.0187 when written); the kit's weights are fixed by its seed, so those hold to the digit
+    methods match per-call forwards within 1.2e-7 there, and `dfs` is off by 0.016 nats per token after the
+    compaction (0.0160 when written, with the summary call as OpenCode 1.18 sends it); the kit's weights are fixed by its seed, so those hold to the digit
     quoted on any machine whose fp32 rounding is within the stated bound."""
     run(command("import"), clone)
     (traj,) = [json.loads(x) for x in (clone["cwd"] / "sessions.jsonl").read_text().splitlines()]
@@ -111,7 +111,7 @@ def test_way_1_imports_the_shipped_log_and_measures_trains_and_shows_it(clone):
     for m in ("radix", "tree-mask", "logit-tree"):
         assert report[m]["overall"]["logprob_abs_diff"] <= 1.2e-7, m
     after = report["dfs"]["by_branches"]["1"]["logprob_abs_diff"]
-    assert round(after, 3) == 0.019 and report["dfs"]["floor"]["logprob_abs_diff"] <= 1.2e-7
+    assert round(after, 3) == 0.016 and report["dfs"]["floor"]["logprob_abs_diff"] <= 1.2e-7
 
     run(command("view"), clone)
     assert [p.name for p in (clone["cwd"] / "view").glob("*.html")] == [f"{traj['id']}.html"]

@@ -24,6 +24,7 @@ from memorywalker.errors import InputError
 from memorywalker.fileio import atomic_write
 from memorywalker.importers import IMPORTERS, ImportOptions, run_import
 from memorywalker.importers.billed import check_counts
+from memorywalker.importers.tools import READS_TOOLS, SHIPPED, load_tool_set
 from memorywalker.records import write_trajectories
 
 
@@ -40,6 +41,9 @@ def import_logs(
                                 "the user name by placeholders, everywhere (docs/importers.md)"),
     max_input_tokens: int = typer.Option(None, "--max-input-tokens", help="qwen-agent: replay its truncation at this budget"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="qwen-agent: HF tokenizer dir used to count tokens"),
+    tools: str = typer.Option(None, "--tools", help="codex, opencode: the tool schemas the harness offered, which their logs do not record: "
+                              "a JSON file (a list of tools, or an object with 'tools') or a shipped set "
+                              f"({', '.join(SHIPPED)}); decides the system-prompt rule too (docs/importers.md)"),
     strict: bool = typer.Option(False, "--strict", help="exit 2 when anything was rejected, not only when nothing was imported"),
 ) -> None:
     """Import harness logs as trajectories with the contexts each model call received."""
@@ -49,8 +53,12 @@ def import_logs(
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
         count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    if tools is not None and format not in READS_TOOLS:
+        raise InputError(f"--tools: only the {' and '.join(READS_TOOLS)} importers read it (a {format} log records "
+                         "its tools, or the format has none)")
     result = run_import(format, paths, ImportOptions(redact=redact, max_input_tokens=max_input_tokens,
-                                                     count_tokens=count))
+                                                     count_tokens=count,
+                                                     tools=load_tool_set(tools) if tools is not None else None))
     rejects_path = output.with_name(output.stem + ".rejects.jsonl")
     with atomic_write(rejects_path) as f:  # redacted too, with --redact (run_import)
         for r in result.rejects:
@@ -75,6 +83,10 @@ def import_logs(
         table.add_row(f"calls unselected: {reason}", str(n))
     for kind, n in c["evictions"].items():
         table.add_row(f"evictions: {kind}", str(n))
+    for key, label in (("tools_unknown", "trajectories without tool schemas (not in the log: --tools gives them)"),
+                       ("system_prompt_rule_undecided", "system prompt kept whole: the rule is undecided without --tools")):
+        if c["notes"].get(key):
+            table.add_row(label, str(c["notes"][key]))
     if c["system_prompt_absent"]:  # meta.system_prompt = "absent" on each: the contexts start after it
         table.add_row("trajectories without the system prompt (not in the log)", str(c["system_prompt_absent"]))
     if c["evictions_inferred"]:

@@ -139,6 +139,7 @@ class ImportOptions:
     redact: bool = False
     max_input_tokens: int | None = None  # qwen-agent: the budget its truncation was run with
     count_tokens: Any = None  # qwen-agent: callable(str) -> int; default len(text.encode()) // 4
+    tools: Any = None  # codex: the tool set the harness offered (importers.tools.ToolSet), when the log lacks it
 
 
 def files_under(paths: list[Path], pattern: str = "*.jsonl") -> Iterator[Path]:
@@ -155,10 +156,13 @@ def import_files(files: Iterable[Path], import_file: Callable[[Path, ImportResul
     return result
 
 
-def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
+def read_jsonl(path: Path, result: ImportResult,
+               check: Callable[[dict], str | None] | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(line number, object)`` for every good line; reject the others (counted as read), among
     them lines over the size or depth limit (:mod:`memorywalker.records.limits`): one such line never
-    stops the file, let alone the import."""
+    stops the file, let alone the import. ``check`` names the first key field of a line that is not a
+    scalar (default :func:`wrong_key_field`; a format that knows which fields it reads passes its own)."""
+    check = check or wrong_key_field
     limits = RecordLimits.from_env()
     try:
         data = path.read_bytes()
@@ -184,7 +188,7 @@ def read_jsonl(path: Path, result: ImportResult) -> Iterator[tuple[int, dict]]:
         if not isinstance(obj, dict):
             result.reject(path, i, "not_an_object", f"line {i}: got a JSON {type(obj).__name__}")
             continue
-        bad = wrong_key_field(obj)
+        bad = check(obj)
         if bad is not None:
             result.reject(path, i, "wrong_type", f"line {i}: {bad} is not text", detail=carried(obj))
             continue

@@ -31,7 +31,9 @@ text is kept whole and ``meta.system_prompt_rule`` says the rule was not decided
 contexts lack them.
 
 ``event_msg``, ``turn_context``, ``world_state``, ``token_usage_record`` and
-``inter_agent_communication_metadata`` records are UI/bookkeeping and are skipped (counted). Only the
+``inter_agent_communication_metadata`` records are UI/bookkeeping and are skipped (counted), except
+an ``event_msg`` ``thread_rolled_back``: the user took back the last ``num_turns`` turns, and Codex
+drops them from the history (the next call branches off an earlier context). Only the
 fields the replay reads must be scalars; the rest of a record (a ``local_shell_call``'s ``action``, a
 subagent's ``source``, a compaction's metadata) is data. Server-side compaction (``compacted`` with an empty ``message`` and a ``replacement_history``
 ending in an encrypted ``compaction`` item) keeps that item in the history as an opaque harness
@@ -64,6 +66,7 @@ FORMAT = "codex"
 _OUTPUT = {"reasoning", "function_call", "local_shell_call", "custom_tool_call", "web_search_call"}
 _RESULT = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 _PREFIX_TAGS = ("<environment_context>", "<user_instructions>", "# AGENTS.md", "<INSTRUCTIONS>")
+_HARNESS_TAGS = ("<turn_aborted>",)  # user-role messages Codex writes itself (not a user turn)
 OPAQUE_COMPACTION = "[encrypted compaction item]"  # stands in for the opaque item in rendered contexts
 USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
 # Text of openai/codex (Apache-2.0), as Codex 0.169.0 sent it through the gateway: the compaction request's last
@@ -151,7 +154,8 @@ class _Replay:
                 return None
             text = content_text(item.get("content"))
             if author is None:
-                author = "system" if role == "system" or text.startswith(_PREFIX_TAGS) else "user"
+                author = ("system" if role == "system" or text.startswith(_PREFIX_TAGS)
+                          else "harness" if text.startswith(_HARNESS_TAGS) else "user")
             meta = {"compaction_summary": True} if role == "user" and text.startswith(SUMMARY_PREFIX) else {}
             mid = self.b.message(role, text, author=author, **({"meta": meta} if meta else {}))
         elif kind in ("compaction", "compaction_summary"):
@@ -233,6 +237,23 @@ class _Replay:
             self.history.append(mid)
             if not self.b.calls and self.b.messages[-1].author == "system":
                 self.initial.append(mid)  # instructions / environment context before the first call
+
+    def rollback(self, turns: object) -> None:
+        """``thread_rolled_back``: the user took back the last ``turns`` user turns (Codex drops each from
+        its user message on, and replays the drop on resume). The next call's context is a prefix of an
+        earlier one plus what follows: a branch the tree records, not an eviction."""
+        self.flush()
+        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+            self.result.notes["rollbacks_unreadable"] += 1
+            return
+        table = {m.id: m for m in self.b.messages}
+        starts = [i for i, mid in enumerate(self.history) if table[mid].role == "user" and table[mid].author == "user"]
+        if not starts:
+            self.result.notes["rollbacks_without_user_turns"] += 1
+            return
+        self.history = self.history[:starts[-min(turns, len(starts))]]
+        self.awaiting = None
+        self.result.notes["rollbacks"] += 1
 
     def token_count(self, payload: dict) -> None:
         """``event_msg`` / ``token_count``: Codex sends one when a sampling request completes (its
@@ -351,6 +372,7 @@ class _Replay:
             meta["tools"] = "unknown: the rollout does not record the tool schemas Codex sent (--tools FILE|NAME)"
             self.result.notes["tools_unknown"] += 1
         if self.instructions is None:
+            meta["system_prompt_rule"] = "not needed: the rollout holds no base instructions"
             return
         m = next(m for m in self.b.messages if m.id == self.instructions)
         if not any(re.search(rf"(?m)^{re.escape(h)}", m.content) for h in PLANNING_SECTIONS):
@@ -384,6 +406,9 @@ def import_file(path: Path, result: ImportResult, tools: ToolSet | None = None) 
             continue
         if kind == "session_meta":
             result.imported += 1
+            dynamic = payload.get("dynamic_tools")
+            if isinstance(dynamic, list) and dynamic:  # the app's tools, some loaded on demand: not in the table
+                b.meta["dynamic_tools"] = [str(t.get("name")) for t in dynamic if isinstance(t, dict)]
             base = payload.get("base_instructions")
             text = base.get("text") if isinstance(base, dict) else base
             if isinstance(text, str) and text and replay.instructions is None:
@@ -401,6 +426,8 @@ def import_file(path: Path, result: ImportResult, tools: ToolSet | None = None) 
             result.skipped[kind] += 1
             if kind == "event_msg" and payload.get("type") == "token_count":
                 replay.token_count(payload)
+            elif kind == "event_msg" and payload.get("type") == "thread_rolled_back":
+                replay.rollback(payload.get("num_turns"))
             elif kind == "turn_context" and isinstance(payload.get("model"), str):
                 replay.model = payload["model"]
         else:

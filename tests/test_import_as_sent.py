@@ -17,8 +17,8 @@ import pytest
 
 from memorywalker.errors import InputError
 from memorywalker.importers import ImportOptions, run_import
-from memorywalker.importers.codex import COMPACT_PROMPT, SUMMARY_PREFIX, without_planning
-from memorywalker.importers.opencode import SUMMARY_SYSTEM, SUMMARY_TEMPLATE, flatten, summary_prompt
+from memorywalker.importers.codex_sent import COMPACT_PROMPT, SUMMARY_PREFIX, without_planning
+from memorywalker.importers.opencode_summary import SUMMARY_SYSTEM, SUMMARY_TEMPLATE, flatten, summary_prompt
 from memorywalker.importers.tools import load_tool_set, tool_set_from_json
 
 INSTRUCTIONS = "You are Codex.\n\n## Planning\nUse update_plan.\n\n### Examples\nx\n\n## Task execution\nDo it.\n"

@@ -33,17 +33,19 @@ contexts lack them.
 ``event_msg``, ``turn_context``, ``world_state``, ``token_usage_record`` and
 ``inter_agent_communication_metadata`` records are UI/bookkeeping and are skipped (counted), except
 an ``event_msg`` ``thread_rolled_back``: the user took back the last ``num_turns`` turns, and Codex
-drops them from the history (the next call branches off an earlier context). Only the
-fields the replay reads must be scalars; the rest of a record (a ``local_shell_call``'s ``action``, a
-subagent's ``source``, a compaction's metadata) is data. Server-side compaction (``compacted`` with an empty ``message`` and a ``replacement_history``
-ending in an encrypted ``compaction`` item) keeps that item in the history as an opaque harness
-artifact: the model receives it, its text is unknown, so it is not trainable text.
+drops them from the history (the next call branches off an earlier context). Only the fields the
+replay reads must be scalars; the rest of a record (a ``local_shell_call``'s ``action``, a subagent's
+``source``, a compaction's metadata) is data.
+
+Server-side compaction (``compacted`` with an empty ``message`` and a ``replacement_history`` ending in
+an encrypted ``compaction`` item) keeps that item in the history as an opaque harness artifact: the
+model receives it, its text is unknown, so it is not trainable text; the provider made the summary, so
+there is no summary call to import (counted ``summary_calls_not_in_log:server-side``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from memorywalker.importers import billed
@@ -59,45 +61,24 @@ from memorywalker.importers.base import (
     parse_arguments,
     read_jsonl,
 )
+from memorywalker.importers.codex_sent import (
+    COMPACT_PROMPT,
+    PROMPT_SOURCE,
+    SUMMARY_PREFIX,
+    system_prompt_rule,
+)
 from memorywalker.importers.tools import ToolSet
 from memorywalker.records import Lineage, Task, TrajectoryBuilder
 
 FORMAT = "codex"
+_BOOKKEEPING = ("event_msg", "turn_context", "world_state", "token_usage_record", "inter_agent_communication_metadata")
+_VOLATILE = ("id", "status", "internal_chat_message_metadata_passthrough", "timestamp")
 _OUTPUT = {"reasoning", "function_call", "local_shell_call", "custom_tool_call", "web_search_call"}
 _RESULT = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 _PREFIX_TAGS = ("<environment_context>", "<user_instructions>", "# AGENTS.md", "<INSTRUCTIONS>")
 _HARNESS_TAGS = ("<turn_aborted>",)  # user-role messages Codex writes itself (not a user turn)
 OPAQUE_COMPACTION = "[encrypted compaction item]"  # stands in for the opaque item in rendered contexts
 USER_MESSAGE_BUDGET = 20_000  # codex compact::COMPACT_USER_MESSAGE_MAX_TOKENS
-# Text of openai/codex (Apache-2.0), as Codex 0.169.0 sent it through the gateway: the compaction request's last
-# user message, and the head of the summary message that replaces the history.
-COMPACT_PROMPT = (
-    "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM that will resume "
-    "the task.\n\nInclude:\n- Current progress and key decisions made\n- Important context, constraints, or user "
-    "preferences\n- What remains to be done (clear next steps)\n- Any critical data, examples, or references needed "
-    "to continue\n\nBe concise, structured, and focused on helping the next LLM seamlessly continue the work.\n")
-SUMMARY_PREFIX = (
-    "Another language model started to solve this problem and produced a summary of its thinking process. You also "
-    "have access to the state of the tools that were used by that language model. Use this to build on the work that "
-    "has already been done and avoid duplicating work. Here is the summary produced by the other language model, use "
-    "the information in this summary to assist with your own analysis:")
-PROMPT_SOURCE = "assumed: the compaction prompt Codex 0.169.0 sends (not in the rollout)"
-PLANNING_SECTIONS = ("## Planning\n", "## `update_plan`\n")  # left out of the instructions without update_plan
-_BOOKKEEPING = ("event_msg", "turn_context", "world_state", "token_usage_record", "inter_agent_communication_metadata")
-_VOLATILE = ("id", "status", "internal_chat_message_metadata_passthrough", "timestamp")
-
-
-def without_planning(text: str) -> str:
-    """``text`` without its level-2 sections headed "## Planning" and "## `update_plan`" (each up to the
-    next heading of level 1 or 2), as Codex sends its instructions when it offers no ``update_plan``.
-
-    >>> without_planning("# A\n## Planning\nx\n### Ex\ny\n## Task\nz\n## `update_plan`\nw\n")
-    '# A\n## Task\nz\n'
-    """
-    parts = re.split(r"(?m)^(?=#{1,2} )", text)
-    return "".join(p for p in parts if not p.startswith(PLANNING_SECTIONS))
-
-
 def wrong_field(obj: dict) -> str | None:
     """The first field the replay reads that is not a scalar (the rest of a record is data), or None."""
     if isinstance(obj.get("type"), dict | list):
@@ -320,6 +301,8 @@ class _Replay:
         message = payload.get("message")
         if isinstance(message, str) and message:  # a local compaction (a server-side one has no text)
             self.summary_call(message)
+        else:
+            self.result.notes["summary_calls_not_in_log:server-side"] += 1
         self.awaiting = None
         before = list(self.history)
         lead = [self.instructions] if self.instructions else []  # sent as the request's instructions
@@ -375,17 +358,8 @@ class _Replay:
             meta["system_prompt_rule"] = "not needed: the rollout holds no base instructions"
             return
         m = next(m for m in self.b.messages if m.id == self.instructions)
-        if not any(re.search(rf"(?m)^{re.escape(h)}", m.content) for h in PLANNING_SECTIONS):
-            meta["system_prompt_rule"] = "not needed: no planning sections in the instructions"
-        elif tools is not None and "update_plan" not in tools.names:
-            m.content = without_planning(m.content)
-            meta["system_prompt_rule"] = "applied: planning sections left out (update_plan not among the given tools)"
-        elif tools is not None or "update_plan" in self.called:
-            why = "among the given tools" if tools is not None else "called in the rollout"
-            meta["system_prompt_rule"] = f"applied: instructions whole (update_plan {why})"
-        else:
-            meta["system_prompt_rule"] = ("undecided: instructions kept whole; Codex leaves out the planning "
-                                          "sections when it offers no update_plan, and the rollout does not say")
+        m.content, meta["system_prompt_rule"] = system_prompt_rule(m.content, tools, self.called)
+        if meta["system_prompt_rule"].startswith("undecided"):
             self.result.notes["system_prompt_rule_undecided"] += 1
 
 

@@ -1,4 +1,4 @@
-"""The tools a harness offered, where its log does not record them: ``memorywalker import codex|opencode ... --tools SPEC``.
+"""The tools a harness offered, where its log does not record them (``import codex|opencode --tools SPEC``).
 
 A Codex rollout and an OpenCode database record the model's calls and their results, not the tool schemas
 the harness sent with each request, so an imported context lacks the tool definitions the model saw (about

@@ -21,15 +21,16 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from memorywalker.errors import InputError
 from memorywalker.gateway.backends import Backend, Pending
 from memorywalker.gateway.dialect import BadRequest, Reply, Request, assign_ids, message_id, new_id
 from memorywalker.gateway.journal import Journal, read_journal, session_file
 from memorywalker.gateway.trajectory import build_session
 from memorywalker.importers.redact import Redactor
 from memorywalker.records.io import TrajectoryWriter
-from memorywalker.records.schema import Message, ToolCall, ToolSchema, Trajectory
+from memorywalker.records.schema import Message, ToolSchema, Trajectory
 from memorywalker.render.render import PromptCache, Renderer
-from memorywalker.render.toolcalls import PARSERS, parser_for
+from memorywalker.render.tool_formats import FORMATS, exact_parse, format_for
 from memorywalker.render.types import schemas_to_hf
 from memorywalker.samplers.vllm_server import BackendDown
 
@@ -98,7 +99,7 @@ class Gateway:
 
     def __init__(self, renderer: Renderer, backend: Backend, out: str | Path, *, model_name: str,
                  max_positions: int, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
-                 temperature: float = 1.0,
+                 temperature: float = 1.0, tool_parser: str | None = None,
                  keep_requests: bool = True, redact: bool = False):
         self.renderer, self.backend, self.out = renderer, backend, Path(out)
         self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
@@ -108,7 +109,10 @@ class Gateway:
             self.redactor: Redactor | None = Redactor()  # one for the gateway's life: one placeholder per secret
         else:
             self.redactor = None
-        self.tool_parser = parser_for(getattr(renderer.tok, "chat_template", None))  # PARSERS key
+        if tool_parser is not None and tool_parser not in FORMATS:
+            raise InputError(f"--tool-parser {tool_parser}: not a known tool-call format ({', '.join(FORMATS)})")
+        # the FORMATS key: given, or the one the chat template writes
+        self.tool_parser = tool_parser or format_for(getattr(renderer.tok, "chat_template", None))
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._counter = 0
@@ -272,19 +276,14 @@ class Gateway:
         ids = list(out.token_ids)
         body = ids[:-1] if ids and ids[-1] in self.renderer.eot_ids and out.finish_reason != "length" else ids
         text = self.renderer.tok.decode(body, skip_special_tokens=False)
-        parsed = PARSERS[self.tool_parser](text)
-        offered = {t.name for t in request.tools}
         prefix = "toolu_" if request.dialect == "anthropic" else "call_"
-        error = None if parsed.error in (None, "no tool call") else parsed.error
-        if parsed.tool_calls and any(not isinstance(a, dict) for _, a in parsed.tool_calls):
-            error = "tool-call arguments are not a JSON object"
-        if parsed.tool_calls and not error and out.finish_reason != "length":
-            calls = [ToolCall(id=new_id(prefix), name=n, arguments=a) for n, a in parsed.tool_calls]
-            content, finish = parsed.content, "tool_calls"
-            unknown = sorted({c.name for c in calls} - offered)
+        calls, content, error = ([], text, None) if out.finish_reason == "length" else exact_parse(
+            self.renderer, self.tool_parser, request.messages, schemas_to_hf(request.tools), text, lambda: new_id(prefix))
+        if calls:
+            finish = "tool_calls"
+            unknown = sorted({c.name for c in calls} - {t.name for t in request.tools})
             error = f"calls tools not offered: {unknown}" if unknown else None
         else:
-            calls, content = [], text
             finish = "length" if out.finish_reason == "length" else "stop"
         response = Message(id="", role="assistant", content=content, tool_calls=calls)
         reply = Reply(content=content, tool_calls=calls, finish=finish, input_tokens=prompt_len,

@@ -198,6 +198,18 @@ class Renderer:
         """The context rendered with the generation prompt, as an inference server renders it."""
         return self._apply([message_to_hf(m) for m in messages], tools, generation_prompt=True)
 
+    def response_text(self, messages: list[Message], tools: list[dict[str, Any]] | None, response: Message) -> str | None:
+        """The text the template writes for ``response`` after ``messages``, without its end-of-turn token
+        (None when the conversation with it does not extend the prompt): a parsed response is exact when
+        this is the text the model sampled."""
+        hf = [message_to_hf(m) for m in messages]
+        prompt = self._apply(hf, tools, generation_prompt=True)
+        full = self._apply([*hf, message_to_hf(response)], tools, generation_prompt=False)
+        if not full.startswith(prompt):
+            return None
+        ids, _ = self._encode(full[len(prompt):])
+        return self.decode(self.strip_eot(self._cut_delimiter(ids)))
+
     def encode_continuing(self, text: str, cache: _TrajectoryCache) -> list[int]:
         """Token ids of ``text`` that keep the ids of the longest remembered sequence it extends.
 

@@ -84,22 +84,3 @@ def _arguments(raw: str) -> dict[str, Any] | str:
     # The template re-renders a dict with json.dumps; keep the dict only if that is byte-identical.
     value = arguments_from_text(raw)
     return value if isinstance(value, dict) and json.dumps(value, ensure_ascii=False) == raw else raw
-
-
-def parse_text_only(text: str) -> ParsedResponse:
-    """For templates with no tool-call syntax this module knows: the response is text."""
-    return ParsedResponse(text, [], "no tool call")
-
-
-# Tool-call parsers by name; :func:`parser_for` picks one from a chat template.
-PARSERS = {"hermes": parse_response, "text": parse_text_only}
-
-
-def parser_for(chat_template: str | None) -> str:
-    """The name of the parser for a template: ``hermes`` when it renders ``<tool_call>`` blocks (Hermes,
-    Qwen2.5/3, the kit templates), else ``text`` (responses are served as text, never as tool calls).
-
-    >>> parser_for("{{ '<tool_call>\\\\n' + tool | tojson }}"), parser_for("{{ message.content }}")
-    ('hermes', 'text')
-    """
-    return "hermes" if chat_template and "<tool_call>" in chat_template else "text"

@@ -1,0 +1,272 @@
+"""Tool-call formats of the model families people serve: each parses a sampled response into content and
+tool calls, the way that family's chat template renders them.
+
+=============  ===================================================================================
+``hermes``     ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Hermes, Qwen2.5/3, the kit)
+``qwen3_coder`` ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
+``llama3_json`` the whole response one JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
+               ``<|python_tag|>``), Llama 3.1-3.3
+``mistral``    ``[TOOL_CALLS]NAME[ARGS]{...}`` per call (v11+), or ``[TOOL_CALLS][{"name", "arguments"}, ...]``
+``glm45``      ``<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>``
+``deepseek_v3`` ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>...``
+=============  ===================================================================================
+
+A parser is lenient about what it accepts; whether a parse is *exact* is decided by rendering it back
+with the served template (:meth:`memorywalker.render.Renderer.response_text`): the gateway serves tool
+calls only when the parsed message re-renders to the very text the model sampled, trying the
+candidates a parser offers in order (values typed where the text is JSON, then as the raw text; the
+content as sampled, then without the whitespace the template puts before the first call). A response
+with no candidate that re-renders is served as text with the reason, so an echoed turn stays on the tree.
+
+>>> [(c.content, c.tool_calls) for c in parse_qwen3_coder(
+...     "Looking.\\n<tool_call>\\n<function=ls>\\n<parameter=path>\\n/tmp\\n</parameter>\\n</function>\\n</tool_call>")][:1]
+[('Looking.\\n', [('ls', {'path': '/tmp'})])]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from memorywalker.records.schema import Message, ToolCall
+from memorywalker.render.toolcalls import ParsedResponse, arguments_from_text, parse_response
+
+Candidates = list[ParsedResponse]
+
+
+def _no_call(text: str, why: str = "no tool call") -> Candidates:
+    return [ParsedResponse(text, [], why)]
+
+
+def _malformed(text: str, pos: int) -> Candidates:
+    return [ParsedResponse(text, [], f"malformed tool call at character {pos}")]
+
+
+def _contents(content: str) -> list[str]:
+    """The content as sampled, then without the whitespace a template writes before the first call."""
+    out = [content]
+    for cut in ("\n\n", "\n", " "):
+        if content.endswith(cut) and content[:-len(cut)] not in out:
+            out.append(content[:-len(cut)])
+    stripped = content.strip()
+    if stripped not in out:
+        out.append(stripped)
+    return out
+
+
+def _typed(raw: str) -> Any:
+    """A parameter value written as text: the JSON value when it is one, else the text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _expand(content: str, calls: list[tuple[str, list[dict[str, Any]]]]) -> Candidates:
+    """One candidate per content variant x argument variant (each call's variants in order)."""
+    n = max((len(v) for _, v in calls), default=1)
+    variants = [[(name, v[min(k, len(v) - 1)]) for name, v in calls] for k in range(n)]
+    return [ParsedResponse(c, list(v), None) for c in _contents(content) for v in variants]
+
+
+def parse_hermes(text: str) -> Candidates:
+    parsed = parse_response(text)
+    if parsed.error:
+        return [parsed]
+    # arguments json.dumps would write otherwise are offered as the object too: the re-render decides
+    calls = [(n, a if isinstance(a, dict) else arguments_from_text(a)) for n, a in parsed.tool_calls]
+    return [ParsedResponse(c, calls, None) for c in _contents(parsed.content)]
+
+
+_QWEN_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*</tool_call>\s*", re.S)
+_QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.S)
+
+
+def parse_qwen3_coder(text: str) -> Candidates:
+    start = text.find("<tool_call>")
+    if start < 0:
+        return _no_call(text)
+    pos, calls = start, []
+    while pos < len(text):
+        m = _QWEN_CALL.match(text, pos)
+        if m is None:
+            return _malformed(text, pos)
+        body, params, at = m.group(2), [], 0
+        while at < len(body):
+            p = _QWEN_PARAM.match(body, at)
+            if p is None:
+                return _malformed(text, m.start(2) + at)
+            params.append((p.group(1), p.group(2)))
+            at = p.end()
+        typed = {k: _typed(v) for k, v in params}
+        raw = {k: v for k, v in params}
+        calls.append((m.group(1), [typed, raw] if typed != raw else [raw]))
+        pos = m.end()
+    return _expand(text[:start], calls)
+
+
+_GLM_CALL = re.compile(r"<tool_call>([^\n<]+)\n?(.*?)</tool_call>\s*", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.S)
+
+
+def parse_glm45(text: str) -> Candidates:
+    start = text.find("<tool_call>")
+    if start < 0:
+        return _no_call(text)
+    pos, calls = start, []
+    while pos < len(text):
+        m = _GLM_CALL.match(text, pos)
+        if m is None:
+            return _malformed(text, pos)
+        body, args, at = m.group(2), [], 0
+        while at < len(body):
+            a = _GLM_ARG.match(body, at)
+            if a is None:
+                return _malformed(text, m.start(2) + at)
+            args.append((a.group(1), a.group(2)))
+            at = a.end()
+        typed = {k: _typed(v) for k, v in args}
+        raw = {k: v for k, v in args}
+        calls.append((m.group(1).strip(), [typed, raw] if typed != raw else [raw]))
+        pos = m.end()
+    return _expand(text[:start], calls)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_at(text: str, pos: int) -> tuple[Any, int] | None:
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except ValueError:
+        return None
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def parse_llama3_json(text: str) -> Candidates:
+    body = text.strip()
+    offset = len(text) - len(text.lstrip())
+    if body.startswith(_PYTHON_TAG):
+        body, offset = body[len(_PYTHON_TAG):], offset + len(_PYTHON_TAG)
+    if not body.startswith("{"):
+        return _no_call(text)
+    calls, pos = [], 0
+    while pos < len(body):
+        got = _json_at(body, pos)
+        if got is None or not isinstance(got[0], dict) or not isinstance(got[0].get("name"), str):
+            return _malformed(text, offset + pos) if calls or got is not None else _no_call(text)
+        obj, pos = got
+        args = obj.get("parameters", obj.get("arguments", {}))
+        calls.append((obj["name"], [args if isinstance(args, dict) else arguments_from_text(json.dumps(args))]))
+        rest = body[pos:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        pos = len(body) - len(rest)
+    return _expand("", calls)
+
+
+_MISTRAL_CALL = re.compile(r"\[TOOL_CALLS\]([^\[]+)\[ARGS\]")
+
+
+def parse_mistral(text: str) -> Candidates:
+    start = text.find("[TOOL_CALLS]")
+    if start < 0:
+        return _no_call(text)
+    calls: list[tuple[str, list]] = []
+    rest = text[start:]
+    if rest.startswith("[TOOL_CALLS]["):  # the older form: one JSON list of {"name", "arguments"}
+        got = _json_at(rest, len("[TOOL_CALLS]"))
+        if got is None or rest[got[1]:].strip() or not isinstance(got[0], list):
+            return _malformed(text, start)
+        for obj in got[0]:
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return _malformed(text, start)
+            calls.append((obj["name"], [obj.get("arguments", {})]))
+        return _expand(text[:start], calls)
+    pos = 0
+    while pos < len(rest):
+        m = _MISTRAL_CALL.match(rest, pos)
+        if m is None:
+            return _malformed(text, start + pos)
+        got = _json_at(rest, m.end())
+        if got is None or not isinstance(got[0], dict):
+            return _malformed(text, start + m.end())
+        calls.append((m.group(1), [got[0]]))
+        pos = got[1]
+        while pos < len(rest) and rest[pos].isspace():
+            pos += 1
+    return _expand(text[:start], calls)
+
+
+_DS_BEGIN, _DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(?:function)?<｜tool▁sep｜>([^\n]+)\n```json\n(.*?)\n```<｜tool▁call▁end｜>\s*",
+                      re.S)
+
+
+def parse_deepseek_v3(text: str) -> Candidates:
+    start = text.find(_DS_BEGIN)
+    if start < 0:
+        return _no_call(text)
+    pos, calls = start + len(_DS_BEGIN), []
+    end = text.find(_DS_END, pos)
+    if end < 0 or text[end + len(_DS_END):].strip():
+        return _malformed(text, start)
+    while pos < end:
+        m = _DS_CALL.match(text, pos)
+        if m is None:
+            return _malformed(text, pos)
+        calls.append((m.group(1), [arguments_from_text(m.group(2))]))
+        pos = m.end()
+    return _expand(text[:start], calls)
+
+
+def parse_text(text: str) -> Candidates:
+    """For templates with no tool-call syntax known here: the response is text."""
+    return _no_call(text)
+
+
+# name -> (parser, a string only that family's templates contain), most specific first
+FORMATS: dict[str, tuple[Callable[[str], Candidates], str | None]] = {
+    "qwen3_coder": (parse_qwen3_coder, "<function="),
+    "glm45": (parse_glm45, "<arg_key>"),
+    "mistral": (parse_mistral, "[TOOL_CALLS]"),
+    "deepseek_v3": (parse_deepseek_v3, "tool▁calls▁begin"),
+    "llama3_json": (parse_llama3_json, '"parameters": '),
+    "hermes": (parse_hermes, "<tool_call>"),
+    "text": (parse_text, None),
+}
+
+
+def format_for(chat_template: str | None) -> str:
+    """The tool-call format a chat template writes (:data:`FORMATS` key), ``text`` when none is known.
+
+    >>> format_for("{{ '<tool_call>' + tc.name + '\\n<arg_key>' }}"), format_for("{{ m.content }}")
+    ('glm45', 'text')
+    """
+    for name, (_, marker) in FORMATS.items():
+        if marker is not None and chat_template and marker in chat_template:
+            return name
+    return "text"
+
+
+def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[str, Any]] | None, text: str,
+                new_id: Callable[[], str]) -> tuple[list[ToolCall], str, str | None]:
+    """(tool calls, content, error) of a sampled ``text`` after ``messages``: the first candidate of format
+    ``fmt`` whose message ``renderer`` re-renders to ``text`` exactly; else no calls, the text, and why
+    (None when the response holds no tool call)."""
+    candidates = FORMATS[fmt][0](text)
+    if candidates[0].error is not None:
+        return [], text, None if candidates[0].error == "no tool call" else candidates[0].error
+    usable = [c for c in candidates if all(isinstance(a, dict) for _, a in c.tool_calls)]
+    if not usable:
+        return [], text, "tool-call arguments are not a JSON object"
+    for c in usable:
+        calls = [ToolCall(id=new_id(), name=n, arguments=a) for n, a in c.tool_calls]
+        response = Message(id="", role="assistant", content=c.content, tool_calls=calls)
+        if renderer.response_text(messages, tools, response) == text:
+            return calls, c.content, None
+    return [], text, f"the {fmt} tool calls parsed from the response do not re-render to the sampled text under the served template"

@@ -1,0 +1,147 @@
+"""Each model family's tool-call format round-trips exactly under its chat template.
+
+The templates are memorywalker's own (``memorywalker/data/chat-templates/``), written in each family's
+documented form: Qwen3-Coder's XML parameters, Llama 3.1's JSON with ``parameters``, Mistral's
+``[TOOL_CALLS]NAME[ARGS]``, GLM-4.5's ``<arg_key>``/``<arg_value>``, DeepSeek-V3's ``<｜tool▁calls▁begin｜>``
+blocks, and Hermes' ``<tool_call>{json}`` (the kit's ChatML). For each, assistant messages of several
+shapes are rendered by the template (what a model of that family samples), parsed by the family's
+parser with the gateway's exactness rule, and must come back as the same message, re-rendering to the
+same text. A response a few characters off the template's form is served as text, with the reason.
+(vLLM's own parsers are compared on the same texts in test_tool_formats_vllm.py.)
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from memorywalker.records.schema import Message, ToolCall, ToolSchema
+from memorywalker.render import Renderer
+from memorywalker.render.tool_formats import FORMATS, exact_parse, format_for
+from memorywalker.render.types import schemas_to_hf
+
+# family -> (template file, added special tokens, end-of-turn token)
+FAMILIES = {
+    "qwen3_coder": ("qwen3-coder", [], "<|im_end|>"),
+    "llama3_json": ("llama3-json", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                    "<|python_tag|>"], "<|eot_id|>"),
+    "mistral": ("mistral", ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]",
+                            "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
+                            "[/SYSTEM_PROMPT]"], "</s>"),
+    "glm45": ("glm45", ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+                        "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"], "<|user|>"),
+    "deepseek_v3": ("deepseek-v3", ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                                    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                                    "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
+                                    "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"],
+                    "<｜end▁of▁sentence｜>"),
+    "hermes": (None, [], "<|im_end|>"),
+}
+TOOLS = [ToolSchema(name="read", description="Read a file.", parameters={
+    "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}}),
+         ToolSchema(name="write", description="Write a file.", parameters={
+    "type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"},
+                                     "opts": {"type": "object"}}})]
+CONTEXT = [Message(id="s", role="system", content="You are terse."), Message(id="u", role="user", content="Go.")]
+SHAPES = {  # name -> (content, [(tool, arguments)])
+    "one call": ("", [("read", {"path": "/tmp/a b.txt"})]),
+    "text first": ("Reading it.", [("read", {"path": "notes.txt", "lines": 20})]),
+    "two calls": ("", [("read", {"path": "a"}), ("write", {"path": "b", "text": "x"})]),
+    "nested and escaped": ("", [("write", {"path": "c.json", "text": 'line 1\nline "2" ünï\t{}',
+                                           "opts": {"mode": [1, 2], "deep": {"k": None}}})]),
+    "no arguments": ("", [("read", {})]),
+}
+# Llama 3.1's template writes no text beside a call; Qwen3-Coder's writes a value that is not an object or a
+# list with Jinja's `string` (20 -> "20", which parses back as 20).
+
+
+def family_tokenizer(tokenizer, family: str):
+    """The kit tokenizer with the family's template, its markers as special tokens and its end-of-turn token."""
+    import copy
+
+    name, specials, eot = FAMILIES[family]
+    tok = copy.deepcopy(tokenizer)
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": specials})
+    if name is not None:
+        tok.chat_template = resources.files("memorywalker.data").joinpath(f"chat-templates/{name}.jinja").read_text()
+    tok.eos_token = eot
+    return tok
+
+
+@pytest.fixture(scope="module")
+def renderers(tokenizer):
+    return {f: Renderer(family_tokenizer(tokenizer, f)) for f in FAMILIES}
+
+
+def _ids():
+    n = iter(range(1000))
+    return lambda: f"call_{next(n)}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_rendered_response_parses_back_to_the_same_message(renderers, family, shape):
+    renderer = renderers[family]
+    content, calls = SHAPES[shape]
+    if family == "llama3_json" and content:
+        pytest.skip("Llama 3.1's template renders a tool-call turn without its text")
+    message = Message(id="a", role="assistant", content=content,
+                      tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)])
+    tools = schemas_to_hf(TOOLS)
+    text = renderer.response_text(CONTEXT, tools, message)
+    assert format_for(renderer.tok.chat_template) == family
+    got, got_content, error = exact_parse(renderer, family, CONTEXT, tools, text, _ids())
+    assert error is None, (text, error)
+    assert got_content == content and [(c.name, c.arguments) for c in got] == calls, text
+    again = Message(id="a", role="assistant", content=got_content, tool_calls=got)
+    assert renderer.response_text(CONTEXT, tools, again) == text
+    assert renderer.tok(text, add_special_tokens=False)["input_ids"] == renderer.tok(
+        renderer.response_text(CONTEXT, tools, again), add_special_tokens=False)["input_ids"]
+
+
+def test_a_value_the_template_writes_as_text_stays_the_text_it_was():
+    """Qwen3-Coder's template writes a boolean with Jinja's ``string``: ``True``. The parse that re-renders
+    is the text "True" (a typed ``True`` would too, but JSON reads "True" as no value), so an echoed turn
+    is the sampled one; a model that writes ``true`` gets the boolean (``true`` parses, and re-renders
+    ``True``: not exact, so the text "true" is kept)."""
+    from memorywalker.render.tool_formats import parse_qwen3_coder
+
+    text = "<tool_call>\n<function=read>\n<parameter=path>\nx\n</parameter>\n<parameter=all>\ntrue\n</parameter>\n</function>\n</tool_call>"
+    typed, raw = parse_qwen3_coder(text)[:2]
+    assert typed.tool_calls == [("read", {"path": "x", "all": True})]
+    assert raw.tool_calls == [("read", {"path": "x", "all": "true"})]
+
+
+@pytest.mark.parametrize("family,text,why", [
+    ("qwen3_coder", "Look.\n<tool_call>\n<function=read>\n<parameter=path>\na\n</parameter>\n</function>\n</tool_call>",
+     "do not re-render"),  # the template writes a blank line between text and a call
+    ("qwen3_coder", "<tool_call>\n<function=read>\n<parameter=path>\na\n</function>\n</tool_call>", "malformed"),
+    ("hermes", '<tool_call>\n{"name": "read", "arguments": {"path":"a"}}\n</tool_call>', "do not re-render"),
+    ("mistral", '[TOOL_CALLS]read[ARGS]{"path": "a"', "malformed"),
+    ("glm45", "<tool_call>read\n<arg_key>path</arg_key>\n</tool_call>", "malformed"),
+    ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read\n{\"path\": \"a\"}"
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "malformed"),
+    ("llama3_json", '{"name": "read", "parameters": {"path": "a"}} and then', "malformed"),
+])
+def test_a_response_off_the_template_is_served_as_text_with_the_reason(renderers, family, text, why):
+    calls, content, error = exact_parse(renderers[family], family, CONTEXT, schemas_to_hf(TOOLS), text, _ids())
+    assert (calls, content) == ([], text) and why in error
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_plain_text_is_text_for_every_family(renderers, family):
+    assert exact_parse(renderers[family], family, CONTEXT, None, "The answer is 4.", _ids()) == ([], "The answer is 4.", None)
+
+
+def test_the_format_comes_from_the_template_or_is_named(tokenizer, tmp_path):
+    from memorywalker.errors import InputError
+    from memorywalker.gateway.core import Gateway
+
+    renderer = Renderer(family_tokenizer(tokenizer, "glm45"))
+    assert Gateway(renderer, None, tmp_path, model_name="m", max_positions=64).tool_parser == "glm45"
+    assert Gateway(renderer, None, tmp_path, model_name="m", max_positions=64, tool_parser="hermes").tool_parser == "hermes"
+    with pytest.raises(InputError, match="--tool-parser nope: not a known tool-call format"):
+        Gateway(renderer, None, tmp_path, model_name="m", max_positions=64, tool_parser="nope")
+    assert set(FORMATS) == {"qwen3_coder", "glm45", "mistral", "deepseek_v3", "llama3_json", "hermes", "text"}

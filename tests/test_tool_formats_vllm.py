@@ -16,12 +16,11 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from test_tool_formats import CONTEXT, FAMILIES, SHAPES, TOOLS, family_tokenizer  # noqa: E402
-
 from memorywalker.records.schema import Message, ToolCall  # noqa: E402
 from memorywalker.render import Renderer  # noqa: E402
 from memorywalker.render.tool_formats import exact_parse  # noqa: E402
 from memorywalker.render.types import schemas_to_hf  # noqa: E402
+from test_tool_formats import CONTEXT, FAMILIES, SHAPES, TOOLS, family_tokenizer  # noqa: E402
 
 
 def _vllm_parser(family: str, tok, request):

@@ -145,3 +145,57 @@ def test_the_format_comes_from_the_template_or_is_named(tokenizer, tmp_path):
     with pytest.raises(InputError, match="--tool-parser nope: not a known tool-call format"):
         Gateway(renderer, None, tmp_path, model_name="m", max_positions=64, tool_parser="nope")
     assert set(FORMATS) == {"qwen3_coder", "glm45", "mistral", "deepseek_v3", "llama3_json", "hermes", "text"}
+
+
+@pytest.mark.parametrize("template,family", [("qwen3-coder", "qwen3_coder"), ("glm45", "glm45")])
+def test_the_gateway_serves_a_model_under_another_template_and_records_which(kit, tmp_path, template, family):
+    """``--chat-template NAME`` on the kit model: the scripted reply (text + a call) is rendered by that
+    template, sampled as those ids, parsed back by the family's parser and served to an OpenAI client as
+    a tool call; the second call (the harness echoing the turn) extends the first with no branch; both
+    the journal and the trajectory name the template (with its hash) and the parser. (Mistral's and
+    DeepSeek's templates end a turn with their tokenizer's own end token, which the kit's lacks: they are
+    checked with their tokens, above.)"""
+    import openai
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.records import read_trajectories
+
+    script = tmp_path / "script.yaml"
+    script.write_text('steps:\n  - text: "Reading."\n    tool_calls: [{name: read, arguments: {path: "a b.txt", lines: 3}}]\n'
+                      '  - text: "Done."\n')
+    gw = build_gateway(str(kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(kit[0]), chat_template=template)
+    assert gw.tool_parser == family and gw.chat_template.startswith(f"{template} sha256:")
+    tools = schemas_to_hf(TOOLS)
+    with BackgroundServer(gw) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Go."}]
+        r = client.chat.completions.create(model="kit", messages=messages, tools=tools, extra_headers={"x-session-id": "s"})
+        (tc,) = r.choices[0].message.tool_calls
+        assert (tc.function.name, tc.function.arguments) == ("read", '{"path": "a b.txt", "lines": 3}')
+        messages += [{"role": "assistant", "content": r.choices[0].message.content, "tool_calls": [tc.model_dump()]},
+                     {"role": "tool", "tool_call_id": tc.id, "content": "hello"}]
+        r2 = client.chat.completions.create(model="kit", messages=messages, tools=tools, extra_headers={"x-session-id": "s"})
+        assert r2.choices[0].message.content == "Done."
+    (traj,) = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert traj.meta["chat_template"] == gw.chat_template and traj.meta["tool_parser"] == family
+    assert traj.meta["branches"] == {} and len(traj.calls) == 2
+    first, second = traj.calls
+    assert second.context_tokens[:len(first.context_tokens) + len(first.response_tokens)] == \
+        first.context_tokens + first.response_tokens
+
+
+def test_a_chat_template_is_a_shipped_name_or_a_jinja_file(tmp_path):
+    from memorywalker.errors import InputError
+    from memorywalker.render.chat_templates import NAMES, load_chat_template
+
+    assert set(NAMES) == {"chatml", "qwen3", "qwen3-coder", "llama3-json", "mistral", "glm45", "deepseek-v3"}
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    text, label = load_chat_template(f)
+    assert text == "{{ messages[0].content }}" and label.startswith(f"{f} sha256:")
+    f.write_text("plain text")
+    with pytest.raises(InputError, match="not a Jinja chat template"):
+        load_chat_template(f)
+    with pytest.raises(InputError, match="not a file, nor a shipped template"):
+        load_chat_template("llama9")

@@ -12,8 +12,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from memorywalker.errors import InputError
 from memorywalker.gateway.harnesses import settings_text
 from memorywalker.render import Renderer
+from memorywalker.render.chat_templates import NAMES as TEMPLATE_NAMES
+from memorywalker.render.chat_templates import use_chat_template
+from memorywalker.render.tool_formats import FORMATS
 
 console = Console(stderr=True)
 
@@ -21,7 +25,7 @@ console = Console(stderr=True)
 def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None = None, dtype: str = "float32",
                   temperature: float = 1.0, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
                   keep_requests: bool = True, redact: bool = False, upstream_model: str | None = None,
-                  lm=None, tok=None):
+                  chat_template: str | None = None, tool_parser: str | None = None, lm=None, tok=None):
     """A :class:`~memorywalker.gateway.core.Gateway` for ``model`` behind ``backend`` (journals left by a
     killed gateway in ``out`` are finalized first)."""
     from memorywalker.gateway.backends import make_backend  # lazy: the command's machinery, only when it runs
@@ -29,6 +33,8 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
     from memorywalker.train.inputs import model_positions  # lazy: as above
     from memorywalker.train.model import resolve_dirs  # lazy: as above (torch)
 
+    if tool_parser is not None and tool_parser not in FORMATS:  # before a model loads
+        raise InputError(f"--tool-parser {tool_parser}: not a known tool-call format ({', '.join(FORMATS)})")
     finalize_all(out)
     if tok is None:
         from transformers import AutoTokenizer  # lazy: transformers (~1 s), only when the command runs
@@ -37,6 +43,7 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
         if not tok_dir.is_dir():
             raise FileNotFoundError(f"{tok_dir} is not a local directory (nothing is downloaded)")
         tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    label = use_chat_template(tok, chat_template)
     renderer = Renderer(tok)
     positions = (lm.config.max_position_embeddings if lm is not None else model_positions(model)) or 8192
     kind = backend.partition(":")[0]
@@ -46,7 +53,8 @@ def build_gateway(model: str, backend: str, out: Path, *, tokenizer: str | None 
                            max_positions=positions, upstream_model=upstream_model)
     return Gateway(renderer, sampler, out, model_name=Path(str(model)).name or str(model), max_positions=positions,
                    max_new_tokens=max_new_tokens, seed=seed, harness=harness, keep_requests=keep_requests,
-                   temperature=temperature if temperature > 0 else 1.0, redact=redact)
+                   temperature=temperature if temperature > 0 else 1.0, redact=redact, tool_parser=tool_parser,
+                   chat_template=label)
 
 
 def gateway(
@@ -62,6 +70,10 @@ def gateway(
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     api_key: str | None = typer.Option(None, help="Require this key (x-api-key or Authorization: Bearer)."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
+    chat_template: str | None = typer.Option(None, help="Render with this template instead of the model's: a Jinja "
+                                             f"file or {', '.join(TEMPLATE_NAMES)} (the records name it)."),
+    tool_parser: str | None = typer.Option(None, help="The tool-call format to parse responses with (default: the "
+                                           f"one the template writes): {', '.join(FORMATS)}."),
     upstream_model: str | None = typer.Option(None, help="With openai:URL: the name the server serves the model "
                                               "under (vllm serve --served-model-name; default: the --model path)."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (the recorded logprobs are of it)."),
@@ -101,7 +113,7 @@ def gateway(
     check_bind(host, api_key)
     gw = build_gateway(model, backend, out, tokenizer=tokenizer, dtype=dtype, temperature=temperature,
                        max_new_tokens=max_new_tokens, seed=seed, keep_requests=keep_requests, redact=redact,
-                       upstream_model=upstream_model)
+                       upstream_model=upstream_model, chat_template=chat_template, tool_parser=tool_parser)
     lines = threading.Lock()
 
     def on_call(record: dict) -> None:

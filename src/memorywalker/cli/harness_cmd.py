@@ -30,6 +30,9 @@ def run(
     bin_dir: str | None = typer.Option(None, "--bin", help="Where the harness binary is (default: "
                                                            "$MEMORYWALKER_HARNESS_BIN, then PATH)."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
+    chat_template: str | None = typer.Option(None, help="Render with this template instead of the model's (a "
+                                             "Jinja file or a shipped name: see memorywalker gateway --help)."),
+    tool_parser: str | None = typer.Option(None, help="The tool-call format (default: the template's)."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(512, help="Cap on each response."),
 ):
@@ -43,7 +46,8 @@ def run(
             raise typer.BadParameter(f"--file {spec!r}: NAME=PATH")
         files[name] = Path(path).read_text(encoding="utf-8")
     gw = build_gateway(model, backend, out, tokenizer=tokenizer, temperature=temperature,
-                       max_new_tokens=max_new_tokens, harness=harness)
+                       max_new_tokens=max_new_tokens, harness=harness, chat_template=chat_template,
+                       tool_parser=tool_parser)
     s = capture(harness, prompt, gw, model=Path(model).name, files=files, deadline_s=deadline,
                 compact_tokens=compact_at, bin_dir=bin_dir)
     state = "killed at the deadline" if s.run.returncode is None else f"exit {s.run.returncode}"

@@ -29,6 +29,7 @@ from memorywalker.gateway.trajectory import build_session
 from memorywalker.importers.redact import Redactor
 from memorywalker.records.io import TrajectoryWriter
 from memorywalker.records.schema import Message, ToolSchema, Trajectory
+from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.render.render import PromptCache, Renderer
 from memorywalker.render.tool_formats import FORMATS, exact_parse, format_for
 from memorywalker.render.types import schemas_to_hf
@@ -99,7 +100,7 @@ class Gateway:
 
     def __init__(self, renderer: Renderer, backend: Backend, out: str | Path, *, model_name: str,
                  max_positions: int, max_new_tokens: int = 512, seed: int = 0, harness: str | None = None,
-                 temperature: float = 1.0, tool_parser: str | None = None,
+                 temperature: float = 1.0, tool_parser: str | None = None, chat_template: str | None = None,
                  keep_requests: bool = True, redact: bool = False):
         self.renderer, self.backend, self.out = renderer, backend, Path(out)
         self.model_name, self.max_positions, self.max_new_tokens = model_name, max_positions, max_new_tokens
@@ -113,6 +114,7 @@ class Gateway:
             raise InputError(f"--tool-parser {tool_parser}: not a known tool-call format ({', '.join(FORMATS)})")
         # the FORMATS key: given, or the one the chat template writes
         self.tool_parser = tool_parser or format_for(getattr(renderer.tok, "chat_template", None))
+        self.chat_template = chat_template or use_chat_template(renderer.tok, None)  # the label the records carry
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._counter = 0
@@ -222,7 +224,7 @@ class Gateway:
             "kind": "call", "session": session.id, "session_source": session.source, "seq": session.calls,
             "id": f"call-{session.calls}", "time": time.time(), "dialect": request.dialect, "model": request.model,
             "harness": self.harness, "tag": session.tag, "purpose": purpose, "backend": self.backend.name,
-            "temperature": self.temperature,
+            "temperature": self.temperature, "chat_template": self.chat_template, "tool_parser": self.tool_parser,
             "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
             "tools": [t.model_dump(mode="json") for t in request.tools],
             "response": response.model_dump(mode="json", exclude_none=True),

@@ -173,6 +173,7 @@ def build_line(calls: list[dict[str, Any]], trajectory_id: str, *, lineage: Line
         tools=list(tools.values()), lineage=lineage or Lineage(source="gateway"),
         meta={"session": first.get("session"), "model": first.get("model"), "harness": first.get("harness"),
               "policy": {"name": first.get("backend"), "temperature": first.get("temperature", 1.0)},
+              **{k: first[k] for k in ("chat_template", "tool_parser") if first.get(k)},
               "branches": dict(counts), "template_drift": counts["template-drift"]})
 
 

@@ -41,6 +41,7 @@ from memorywalker.fileio import atomic_write
 from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
 from memorywalker.render import Renderer
+from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.train.adapter import (
     engine_model,
 )
@@ -191,6 +192,7 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
         raise ConfigError("dpo needs data=FILE (trajectory JSONL) or trajectories passed to train()")
     # The tokenizer first: out-of-vocabulary ids and over-long calls are set aside before the model loads.
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+    use_chat_template(tokenizer, cfg.chat_template)
     renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
                      full_view=get_method(cfg.method).full_view)  # as in sft/rl: sdcc trains on the full view

@@ -77,6 +77,7 @@ from memorywalker.recipes.rl_config import RLConfig
 from memorywalker.recipes.rl_servers import RolloutServers
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
+from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.render.render import eot_ids
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
 from memorywalker.rollout.episodes.harness import call_seed
@@ -140,6 +141,7 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     check_divisible(cfg.prompts_per_step, info, cfg.grad_accum, "prompts_per_step")
     torch.manual_seed(cfg.seed)  # before restore(): a resumed run takes the checkpoint's RNG instead
     model, tokenizer = load_model(cfg.model, cfg.tokenizer, dtype=cfg.dtype, device=device_for(cfg.device, info))
+    template = use_chat_template(tokenizer, cfg.chat_template)  # before the inputs are hashed: a resume checks it
     model.eval()  # no dropout: the ratio compares the sampler's function with the trainer's
     base_hash = weights_hash(model)  # pinned by the training manifest (and the adapter's)
     model, optimizer = prepare_training(model, cfg, info)  # adapter, then fsdp sharding, then AdamW
@@ -169,7 +171,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
     if cfg.tasks is not None:
         from memorywalker.recipes.rl_harness import HarnessRollouts  # lazy: gateway (0.3 s), tasks= only
 
-        sessions = HarnessRollouts(cfg, policy, renderer, run_dir, positions=positions_of(model), info=info, log=log)
+        sessions = HarnessRollouts(cfg, policy, renderer, run_dir, positions=positions_of(model), info=info, log=log,
+                                   chat_template=template)
     else:
         sessions = None
         env = env if env is not None else ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)

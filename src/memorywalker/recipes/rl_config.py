@@ -54,6 +54,7 @@ class RLConfig(TrainConfig):
     verifier_timeout: float = 60.0  # seconds; a verifier past it fails the session
     harness_bin: str | None = None  # where the harness binary is (default: $MEMORYWALKER_HARNESS_BIN, PATH)
     served_model: str | None = None  # the model name the harness is told (default: the model dir's name)
+    tool_parser: str | None = None  # the tool-call format of the served responses (default: the template's)
     keep_workdirs: bool = False  # keep each session's workdir under rollouts/step-N/work
     script: str | None = None  # pipeline check: play this gateway script (scripted:FILE) instead of sampling
     # Sampling temperature T > 0. Rollout logprobs are of softmax(logits / T) and the trainer divides its

@@ -49,8 +49,9 @@ class HarnessRollouts:
     """Collects one step's harness sessions (see the module docstring)."""
 
     def __init__(self, cfg, policy, renderer: Renderer, run_dir: Path, *, positions: int, info: DistInfo = DistInfo(),
-                 log=print):
+                 log=print, chat_template: str | None = None):
         self.cfg, self.policy, self.renderer, self.info = cfg, policy, renderer, info
+        self.chat_template = chat_template  # the label of the template rendering (the records carry it)
         self.root = run_dir / "rollouts"
         self.positions = positions
         find_binary(cfg.harness, cfg.harness_bin)  # a missing harness fails before any step, in one line
@@ -107,7 +108,8 @@ class HarnessRollouts:
         # rank 0's seeds are a one-rank run's; each rank's calls draw from seeds of their own
         gateway = Gateway(self.renderer, self._backend(), out, model_name=cfg.served_name, max_positions=self.positions,
                           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step + info.rank * 50_000_017,
-                          harness=cfg.harness, temperature=cfg.temperature)
+                          harness=cfg.harness, temperature=cfg.temperature, tool_parser=cfg.tool_parser,
+                          chat_template=self.chat_template)
         jobs = [SessionJob(task, j, f"s{step}-t{i}-{j}") for i, task in mine for j in range(cfg.group_size)]
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="mw-rl-") as tmp, BackgroundServer(gateway) as url:

@@ -29,6 +29,7 @@ from memorywalker.engine import Batch, get_method, run, step_denominators
 from memorywalker.errors import InputError
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
+from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.train.adapter import (
     engine_model,
 )
@@ -88,6 +89,7 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     # The tokenizer first: recorded ids it does not have, and calls longer than the model's positions,
     # are set aside with their reason (rejects file) before anything else is written or run.
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+    use_chat_template(tokenizer, cfg.chat_template)
     renderer = Renderer(tokenizer, cfg.render_options(truncated=cfg.truncated))
     fits = FitsModel(renderer, cfg.max_seq_len or model_positions(cfg.model),
                      full_view=get_method(cfg.method).full_view)  # sdcc trains on the uncompressed transcript

@@ -126,6 +126,7 @@ class TrainConfig(RecipeConfig):
     # --- model
     model: str = "kit"  # local Hugging Face causal LM dir, or "kit" = the offline tiny model (modelkit)
     tokenizer: str | None = None  # tokenizer dir with a chat template; default: the model's
+    chat_template: str | None = None  # render with this template instead: a Jinja file or a shipped name (render/chat_templates.py)
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
     device: str = "auto"  # auto = this rank's GPU if CUDA is available, else cpu
     # --- engine (DESIGN.md): memorywalker.engine.EngineConfig's fields of the same names, its defaults

@@ -163,3 +163,47 @@ def test_against_per_call_equals_the_gap_against_an_independent_plain_forward(re
                 assert (w is None and g is None) or abs(w - g) <= 1e-5, (m, view, k)
     with pytest.raises(ValueError, match="valid: \\['recorded', 'per-call'\\]"):
         gap_report(model, Renderer(tokenizer), bare, methods, against="sampler")
+
+
+def test_gap_says_a_truncated_response_was_left_out_and_prefix_measures_it(kit, tokenizer, tmp_path):
+    """The issue's case: one call whose response was cut at the length limit (``finish_reason: length``, its
+    first 6 response tokens and their logprobs recorded, no terminator). By default it gives no target and
+    gap says why, in the table's last line and in --json (``calls.left_out``); ``--truncated prefix``
+    compares its 6 tokens (targets 6). A trajectory without rollout logprobs is counted too."""
+    import torch
+
+    from memorywalker.cli.main import app
+
+    model = AutoModelForCausalLM.from_pretrained(kit[1]).eval()
+    renderer = Renderer(tokenizer)
+    b = TrajectoryBuilder("cut")
+    s, u = b.message("system", "sys"), b.message("user", "Say a long thing.")
+    a = b.message("assistant", "A long thing that goes on and on and on.")
+    b.call([s, u], a, finish_reason="length")
+    traj = b.build()
+    rc = renderer.render(traj).calls[0]
+    prompt, resp = rc.tokens[:rc.prompt_len], rc.tokens[rc.prompt_len:rc.prompt_len + 6]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + resp])).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor((prompt + resp)[1:])[:, None])[:, 0]
+    traj.calls[0] = traj.calls[0].model_copy(update={"context_tokens": prompt, "response_tokens": resp,
+                                                      "rollout_logprobs": lp[len(prompt) - 1:].tolist()})
+    plain = TrajectoryBuilder("plain")
+    p_s, p_u, p_a = plain.message("system", "sys"), plain.message("user", "Hi."), plain.message("assistant", "Hello.")
+    plain.call([p_s, p_u], p_a)
+    data = tmp_path / "cut.jsonl"
+    with TrajectoryWriter(data) as w:
+        w.write(traj)
+        w.write(plain.build())
+    args = ["gap", "--model", str(kit[1]), "--data", str(data), "--method", "tree-mask", "--no-drift"]
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert ("calls left out: 2 of 2 (no rollout logprobs 1, truncated 1); truncated: cut at the length limit "
+            "(truncated=prefix keeps their tokens)") in " ".join(table.output.split())
+    out = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    assert out["calls"] == {"total": 2, "left_out": {"no rollout logprobs": 1, "truncated": 1}}
+    assert out["methods"]["tree-mask"]["overall"]["targets"] == 0
+    out = json.loads(CliRunner().invoke(app, [*args, "--json", "--truncated", "prefix"]).output)
+    assert out["calls"]["left_out"] == {"no rollout logprobs": 1}
+    assert out["methods"]["tree-mask"]["overall"]["targets"] == 6
+    assert out["methods"]["tree-mask"]["overall"]["logprob_abs_diff"] < 1e-5

@@ -36,10 +36,12 @@ def weights(run_dir) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", ["tree-mask", "sdcc"])
-def test_every_parameter_changes_after_one_step(kit, tmp_path, method):
+def test_every_parameter_changes_after_one_step(kit, tmp_path, method, capsys):
     before = load_file(str(Path(kit[1]) / "model.safetensors"))
     result = train(config(kit, tmp_path, method=method, steps=1, batch_size=2, lr=1e-3), trajectories=episodes(2),
                    progress=False)
+    n = sum(len(t.calls) for t in episodes(2))
+    assert f"sft: calls left out: none of {n}" in capsys.readouterr().out  # every call of the expert's trains
     after = weights(tmp_path)
     assert set(after) == set(before)
     unchanged = [k for k in before if torch.equal(before[k], after[k])]

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from memorywalker.records import TrajectoryReader
 from memorywalker.render import Renderer
+from memorywalker.render.render import RenderOptions
+from memorywalker.render.types import left_out_line
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -47,6 +49,8 @@ def gap(
                                 "this model's own logprobs under the context each call received (exact; for "
                                 "logs of another model, e.g. imported harness sessions)."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    truncated: str = typer.Option("exclude", help="A response cut at the length limit: exclude (left out, said so) "
+                                  "| prefix (its tokens compared, without a terminator it never produced)."),
     rejects: Path | None = typer.Option(None, help="Write rejected lines with their reasons here (JSONL)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     per_token: bool = typer.Option(False, "--per-token", help="With --json: add every target's logprob per "
@@ -67,21 +71,32 @@ def gap(
         raise typer.BadParameter(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
     if against not in AGAINST:
         raise typer.BadParameter(f"--against {against!r}; valid: {list(AGAINST)}")
+    if truncated not in ("exclude", "prefix"):
+        raise typer.BadParameter(f"--truncated {truncated!r}; valid: exclude, prefix")
     from memorywalker.train.inputs import FitsModel, model_positions  # lazy: as above
     from memorywalker.train.model import load_model  # lazy: as above
 
     lm, tok = load_model(model, str(tokenizer) if tokenizer else None, dtype=dtype, device=torch.device("cpu"))
     # Ids the tokenizer does not have, and calls longer than the model's positions: rejected before any forward.
+    renderer = Renderer(tok, RenderOptions(truncated=truncated))
     reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok),
-                              check=FitsModel(Renderer(tok), model_positions(model), keep=False))
-    trajs = [t for t in reader if against == "per-call" or any(c.rollout_logprobs is not None for c in t.calls)]
+                              check=FitsModel(renderer, model_positions(model), keep=False))
+    read = list(reader)
+    trajs = [t for t in read if against == "per-call" or any(c.rollout_logprobs is not None for c in t.calls)]
     if per_token and not as_json:
         raise typer.BadParameter("--per-token needs --json")
     tokens: dict | None = {} if per_token else None
-    report = gap_report(lm, Renderer(tok), trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty(),
-                        tokens=tokens, against=against)
-    out = {"model": str(model), "data": str(data), "against": against, "read": reader.summary.as_dict(),
-           "trajectories_with_logprobs": len(trajs), "methods": report}
+    left_out: dict = {}
+    report = gap_report(lm, renderer, trajs, method, drift=drift, progress=not as_json and sys.stderr.isatty(),
+                        tokens=tokens, against=against, left_out=left_out)
+    skipped = sum(len(t.calls) for t in read) - sum(len(t.calls) for t in trajs)
+    if skipped:  # trajectories with no rollout logprobs at all
+        left_out["no rollout logprobs"] = left_out.get("no rollout logprobs", 0) + skipped
+    left_out = dict(sorted(left_out.items()))
+    total = sum(len(t.calls) for t in read)
+    out = {"model": str(model), "data": str(data), "against": against, "truncated": truncated,
+           "read": reader.summary.as_dict(), "trajectories_with_logprobs": len(trajs),
+           "calls": {"total": total, "left_out": left_out}, "methods": report}
     if tokens is not None:
         out["tokens"] = tokens
     if as_json:
@@ -91,6 +106,7 @@ def gap(
                     "gap against this model's per-call (exact) logprobs")
     console.print(f"{reader.summary}; {len(trajs)} " + ("with rollout logprobs" if against == "recorded" else
                                                         "compared with per-call"))
+    console.print(left_out_line(left_out, total, truncated))
 
 
 def register(app: typer.Typer) -> None:

@@ -35,6 +35,7 @@ from memorywalker.layout.batch import Batch
 from memorywalker.objectives.metrics import gap_metrics
 from memorywalker.records.schema import Trajectory
 from memorywalker.render.render import Renderer
+from memorywalker.render.types import calls_left_out
 
 BUCKETS = ("0", "1", "2", "3+")
 HEAVY = 2  # a target is heavy when at least this many branches preceded its call
@@ -164,7 +165,7 @@ AGAINST = ("recorded", "per-call")  # what gap_report compares the methods' logp
 
 def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], methods: Sequence[str], *,
                drift: bool = True, progress: bool = False, tokens: dict | None = None,
-               against: str = "recorded") -> dict:
+               against: str = "recorded", left_out: dict | None = None) -> dict:
     """Gap metrics of each method on ``trajectories`` (each its own tree), overall, by branches and by
     recorded evictions before the target's call.
 
@@ -192,6 +193,8 @@ def gap_report(model, renderer: Renderer, trajectories: Sequence[Trajectory], me
     head = OutputHead.of(model)
     full_view = needs_full_view(methods)
     rendered = [renderer.render(t, full_view=full_view) for t in trajectories]
+    if left_out is not None:  # the calls that give no compared token, by reason
+        left_out.update(calls_left_out(rendered, logprobs=against == "recorded"))
     per_method: dict[str, dict[str, list]] = {m: {"logp": [], "tv": []} for m in methods}
     rollout, call, branches, evictions = [], [], [], []
     call_base = 0

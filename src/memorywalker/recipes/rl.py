@@ -65,6 +65,7 @@ from __future__ import annotations
 import concurrent.futures
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 
@@ -79,6 +80,7 @@ from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.render.render import eot_ids
+from memorywalker.render.types import calls_left_out
 from memorywalker.rollout import ENVIRONMENTS, EpisodeJob, HarnessConfig, next_tasks, run_episodes
 from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
@@ -232,8 +234,9 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         t_rollout = time.perf_counter() - t0
 
         # 2. group: one forest per task; GRPO advantages come from the rewards inside each forest
-        micro = [Batch.from_groups([[renderer.render(t, full_view=full_view) for t in g] for g in groups])
-                 for groups in micro_groups if groups]
+        trees = [[[renderer.render(t, full_view=full_view) for t in g] for g in groups] for groups in micro_groups]
+        micro = [Batch.from_groups(groups) for groups in trees if groups]
+        left_out = calls_left_out(rt for groups in trees for g in groups for rt in g)  # this rank's, by reason
         episodes = [t for groups in micro_groups for g in groups for t in g]
 
         # 3. update: ppo_epochs optimizer steps. With tis_cap or a rollout correction, ratios are against the
@@ -267,6 +270,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
             evictions_mean=statistics.fmean(r["evictions"] for r in rows) if rows else None,
             calls_mean=statistics.fmean(r["calls"] for r in rows) if rows else None,
             response_tokens=sum(r["response_tokens"] for r in rows),
+            # calls of the trained episodes that gave no target (truncated, unselected...), every rank's
+            calls_left_out=dict(sorted(sum((Counter(d) for d in gather_objects(left_out)), Counter()).items())),
             **session_metrics, rollout_seconds=t_rollout, seconds=time.perf_counter() - t0)
         logger.log(step, metrics)
         history.append({"step": step, **metrics})

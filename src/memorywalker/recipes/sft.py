@@ -30,6 +30,7 @@ from memorywalker.errors import InputError
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
 from memorywalker.render.chat_templates import use_chat_template
+from memorywalker.render.types import calls_left_out, left_out_line
 from memorywalker.train.adapter import (
     engine_model,
 )
@@ -108,6 +109,8 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     # --- data: keep the trajectories that have targets (rendered while they were read) ---------------------
     rendered = [fits.rendered[t.id] for t in trajectories]
     data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
+    if info.is_main:
+        print(f"sft: {left_out_line(calls_left_out(rendered), sum(len(r.calls) for r in rendered), cfg.truncated)}")
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
     if not data:

@@ -4,6 +4,8 @@ message/tool dicts chat templates take. Shared by the renderer (``render.py``) a
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,41 @@ class RenderedTrajectory:
 
 class RenderError(InputError):
     pass
+
+
+def calls_left_out(rendered: Iterable[RenderedTrajectory], *, logprobs: bool = False) -> dict[str, int]:
+    """The calls that give no target, by reason: ``truncated`` (cut at the length limit; left out unless
+    rendered with ``truncated="prefix"``), ``unselected: <why>`` (a log's own verdict: the billed-token
+    check, a refused proposal...), ``empty_response``, and the renderer's other reasons; with ``logprobs``,
+    also the calls with targets but no recorded rollout logprobs (``no rollout logprobs``).
+
+    >>> rc = RenderedCall(0, "c0", [1], [0], 1, [], [], False, reason="not_selected: context_unverified: ...")
+    >>> calls_left_out([RenderedTrajectory(None, [rc])])
+    {'unselected: context_unverified': 1}
+    """
+    out: Counter = Counter()
+    for rt in rendered:
+        for rc in rt.calls:
+            if not rc.targets:
+                why = (rc.reason or "no_targets").split(": ")
+                out["unselected: " + why[1] if why[0] == "not_selected" and len(why) > 1 else why[0]] += 1
+            elif logprobs and all(lp is None for lp in rc.target_logprobs):
+                out["no rollout logprobs"] += 1
+    return dict(sorted(out.items()))
+
+
+def left_out_line(counts: dict[str, int], total: int, truncated: str = "exclude") -> str:
+    """One line saying which calls a command left out of what it trains or measures, and why.
+
+    >>> left_out_line({"truncated": 1}, 1)
+    'calls left out: 1 of 1 (truncated 1); truncated: cut at the length limit (truncated=prefix keeps their tokens)'
+    """
+    if not counts:
+        return f"calls left out: none of {total}"
+    line = f"calls left out: {sum(counts.values())} of {total} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})"
+    if counts.get("truncated") and truncated == "exclude":
+        line += "; truncated: cut at the length limit (truncated=prefix keeps their tokens)"
+    return line
 
 
 def message_to_hf(m: Message) -> dict[str, Any]:

@@ -586,6 +586,31 @@ def test_cli_prints_each_harness_settings_and_refuses_a_public_bind_without_a_ke
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--api-key" in r.stderr
 
 
+def test_each_harness_is_told_the_served_models_window(kit):
+    """The kit has 65,536 positions. Codex: ``model_context_window=65536``; OpenCode: ``limit.context`` 65536
+    (it compacts at about 65,536 - 4,096); Claude Code reads a window under 100k as 100k, so it is told to
+    compact at 80 % of the positions: 52,428 = 52 % of 100,823. A 200k-token model: Claude Code's window
+    is 200000 and its own percentage stands. ``compact_at`` moves Codex's and Claude Code's trigger, not
+    Codex's window; OpenCode's only lever is its window."""
+    import subprocess
+    import sys
+
+    from memorywalker.gateway.harnesses import setup
+
+    r = subprocess.run([sys.executable, "-m", "memorywalker.cli.main", "gateway", "--settings", "--model", "kit"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "model_context_window=65536" in r.stdout and '"context": 65536' in r.stdout
+    assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW=100823" in r.stdout and "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=52" in r.stdout
+    kw = dict(url="u", model="m", key="k", workdir=Path("."), home=Path("~"))
+    assert setup("claude-code", "t", window=200_000, **kw).env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "200000"
+    assert "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE" not in setup("claude-code", "t", window=200_000, **kw).env
+    codex = setup("codex", "t", window=65_536, compact_tokens=16_000, **kw).argv
+    assert "model_context_window=65536" in codex and "model_auto_compact_token_limit=16000" in codex
+    assert setup("claude-code", "t", window=65_536, compact_tokens=30_250, **kw).env[
+        "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "30"
+
+
 @pytest.mark.parametrize("text,cause", [("steps: [", "not YAML/JSON"), ("- 1\n", "a mapping with a 'steps' list"),
                                         ("steps: [{txt: hi}]", "steps[0] needs 'text'"),
                                         ("steps: [{tool_calls: [{arguments: {}}]}]", "tool_calls[0] needs a 'name'"),

@@ -99,8 +99,11 @@ def gateway(
     from memorywalker.gateway.server import BackgroundServer, check_bind  # lazy: uvicorn, only when run
 
     if settings:
+        from memorywalker.train.inputs import model_positions  # lazy: as above
+
         name = Path(model).name if model else "MODEL"
-        sys.stdout.write(settings_text(f"http://{host}:{port}", name, api_key or "memorywalker") + "\n")
+        window = model_positions(model) if model else None  # each harness is told the served model's window
+        sys.stdout.write(settings_text(f"http://{host}:{port}", name, api_key or "memorywalker", window) + "\n")
         return
     if out is None:
         raise typer.BadParameter("--out is required (where the records go)")

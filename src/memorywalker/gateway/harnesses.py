@@ -46,6 +46,9 @@ PINNED = {"claude-code": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/
           "opencode": "opencode-ai@1.18.33"}
 BINARIES = {"claude-code": "claude", "codex": "codex", "opencode": "opencode"}
 SANDBOX_WORK, SANDBOX_HOME = Path("/tmp/mw/work"), Path("/tmp/mw/home")
+# Claude Code reads a window under 100k tokens as 100k: for such a model it is told to compact at this
+# percentage of the model's positions (its own default percentage applies to larger windows).
+WINDOW_FILL = 80
 
 
 def is_known(harness: str) -> bool:
@@ -99,35 +102,45 @@ def find_binary(harness: str, bin_dir: str | os.PathLike | None = None) -> str:
 
 
 def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir: Path, home: Path,
-          compact_tokens: int | None = None, binary: str | None = None) -> Setup:
+          compact_tokens: int | None = None, binary: str | None = None, window: int | None = None) -> Setup:
     """How to run ``harness`` on ``prompt`` in ``workdir`` against the gateway at ``url``.
 
-    ``compact_tokens``: make the harness's own auto-compaction trigger once a prompt passes about that
-    many tokens (None: its default, far beyond a short session).
+    ``window``: the served model's positions, told to the harness as its context window (Claude Code's
+    ``CLAUDE_CODE_AUTO_COMPACT_WINDOW``, Codex's ``model_context_window``, OpenCode's ``limit.context``), so
+    that it compacts before the model's positions run out instead of assuming a window of 1M tokens and
+    meeting the gateway's 400. ``compact_tokens``: make the harness's own auto-compaction trigger once a
+    prompt passes about that many tokens (None: its default for the window).
     """
     exe = binary or BINARIES.get(harness, "bash")
     if harness == "claude-code":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
+        if compact_tokens is None and window is not None and window < 100_000:
+            compact_tokens = window * WINDOW_FILL // 100  # its default percentage is of a window of at least 100k
         if compact_tokens is not None:
-            # It reads a window under 100k as 100k: a percentage of a window of at least 100k tokens.
+            # It reads a window under 100k as 100k: a percentage of a window of at least 100k tokens. The window
+            # variable serves only its auto-compaction: the two place the trigger.
             pct = max(1, min(99, compact_tokens * 100 // 100_000))
             env |= {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(compact_tokens * 100 // pct),
                     "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(pct)}
+        elif window is not None:
+            env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(window)
         # --dangerously-skip-permissions refuses to run as root; allowing the tools by name works for anyone.
         return Setup([exe, "-p", prompt, "--model", model, "--allowedTools", "Read,Bash,Write,Edit,Glob,Grep,LS"], env)
     if harness == "codex":
         provider = f'{{name="memorywalker",base_url="{url}/v1",wire_api="responses",env_key="OPENAI_API_KEY"}}'
         argv = [exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                 "-c", "model_provider=memorywalker", "-c", f"model_providers.memorywalker={provider}", "-m", model]
+        if window is not None:
+            argv += ["-c", f"model_context_window={window}"]
         if compact_tokens is not None:
             argv += ["-c", f"model_auto_compact_token_limit={compact_tokens}"]
         codex_home = home / ".codex"
         return Setup([*argv, prompt], {"OPENAI_API_KEY": key, "CODEX_HOME": str(codex_home)},
                      {codex_home / ".keep": ""})
     if harness == "opencode":
-        # It compacts once a prompt passes about limit.context - limit.output.
-        context = compact_tokens + 4096 if compact_tokens is not None else 1_000_000
+        # It compacts once a prompt passes about limit.context - limit.output: its window is its only lever.
+        context = compact_tokens + 4096 if compact_tokens is not None else window or 1_000_000
         config = {"$schema": "https://opencode.ai/config.json", "model": f"memorywalker/{model}",
                   "provider": {"memorywalker": {"npm": "@ai-sdk/openai-compatible", "name": "memorywalker",
                                                 "options": {"baseURL": f"{url}/v1", "apiKey": key},
@@ -144,11 +157,12 @@ def setup(harness: str, prompt: str, *, url: str, model: str, key: str, workdir:
     raise InputError(f"unknown harness {harness!r}; valid: {sorted(PINNED)} or cmd:COMMAND")
 
 
-def settings_text(url: str, model: str, key: str) -> str:
-    """The settings of every harness for a gateway at ``url`` (what ``memorywalker gateway --settings`` prints)."""
+def settings_text(url: str, model: str, key: str, window: int | None = None) -> str:
+    """The settings of every harness for a gateway at ``url`` serving a model of ``window`` positions (what
+    ``memorywalker gateway --settings`` prints)."""
     out = []
     for name in PINNED:
-        s = setup(name, "<task>", url=url, model=model, key=key, workdir=Path("."), home=Path("~"))
+        s = setup(name, "<task>", url=url, model=model, key=key, workdir=Path("."), home=Path("~"), window=window)
         out.append(f"# {name} ({PINNED[name]})")
         out += [f"export {k}={v}" for k, v in s.env.items()]
         for path, text in s.files.items():
@@ -226,7 +240,7 @@ def workspace(workdir: Path | None = None, *, sandbox: bool = False, prefix: str
 def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "memorywalker",
                 files: dict[str, str] | None = None, deadline_s: float = 600, compact_tokens: int | None = None,
                 bin_dir: str | None = None, workdir: Path | None = None, sandbox: bool = False,
-                stop: Callable[[], bool] | None = None) -> HarnessRun:
+                stop: Callable[[], bool] | None = None, window: int | None = None) -> HarnessRun:
     """Run one ``harness`` session on ``prompt`` in a fresh workdir (``files`` placed in it) with a private
     HOME, killed (its whole process group) at ``deadline_s``, or as soon as ``stop()`` says so (checked every
     half second: its model backend is gone, and a harness would retry it until its deadline); under
@@ -237,7 +251,7 @@ def run_harness(harness: str, prompt: str, *, url: str, model: str, key: str = "
         (ws.workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (ws.workdir / name).write_text(text)
     s = setup(harness, prompt, url=url, model=model, key=key, workdir=ws.inner_workdir, home=ws.inner_home,
-              compact_tokens=compact_tokens, binary=binary)
+              compact_tokens=compact_tokens, binary=binary, window=window)
     for path, text in s.files.items():
         path = ws.outer(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +295,6 @@ def capture(harness: str, prompt: str, gateway, *, model: str = "kit", files: di
     seen = {t.id for t in read_trajectories(records)} if records.exists() else set()
     with BackgroundServer(gateway) as url:
         run = run_harness(harness, prompt, url=url, model=model, files=files, deadline_s=deadline_s,
-                          compact_tokens=compact_tokens, bin_dir=bin_dir)
+                          compact_tokens=compact_tokens, bin_dir=bin_dir, window=gateway.max_positions)
     new = [t for t in read_trajectories(records) if t.id not in seen] if records.exists() else []
     return CapturedSession(run, new, records)

@@ -85,7 +85,7 @@ def run_sessions(gateway, url: str, jobs: list[SessionJob], harness: str, *, mod
         try:
             run = run_harness(harness, job.task.prompt, url=f"{url}/r/{job.tag}", model=model, files=job.task.files,
                               deadline_s=job.task.deadline_s or deadline_s, compact_tokens=compact_tokens,
-                              bin_dir=bin_dir, workdir=workdir, sandbox=sandbox,
+                              bin_dir=bin_dir, workdir=workdir, sandbox=sandbox, window=gateway.max_positions,
                               stop=lambda: _down(gateway, job.tag) is not None)
         finally:  # whatever happened to the process, its calls become trajectories
             result.trajectories = sorted(gateway.finalize_tag(job.tag),

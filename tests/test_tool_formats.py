@@ -92,7 +92,7 @@ def test_a_rendered_response_parses_back_to_the_same_message(renderers, family, 
     tools = schemas_to_hf(TOOLS)
     text = renderer.response_text(CONTEXT, tools, message)
     assert format_for(renderer.tok.chat_template) == family
-    got, got_content, error = exact_parse(renderer, family, CONTEXT, tools, text, _ids())
+    got, got_content, _, error = exact_parse(renderer, family, CONTEXT, tools, text, _ids())
     assert error is None, (text, error)
     assert got_content == content and [(c.name, c.arguments) for c in got] == calls, text
     again = Message(id="a", role="assistant", content=got_content, tool_calls=got)
@@ -126,13 +126,13 @@ def test_a_value_the_template_writes_as_text_stays_the_text_it_was():
     ("llama3_json", '{"name": "read", "parameters": {"path": "a"}} and then', "malformed"),
 ])
 def test_a_response_off_the_template_is_served_as_text_with_the_reason(renderers, family, text, why):
-    calls, content, error = exact_parse(renderers[family], family, CONTEXT, schemas_to_hf(TOOLS), text, _ids())
+    calls, content, _, error = exact_parse(renderers[family], family, CONTEXT, schemas_to_hf(TOOLS), text, _ids())
     assert (calls, content) == ([], text) and why in error
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_plain_text_is_text_for_every_family(renderers, family):
-    assert exact_parse(renderers[family], family, CONTEXT, None, "The answer is 4.", _ids()) == ([], "The answer is 4.", None)
+    assert exact_parse(renderers[family], family, CONTEXT, None, "The answer is 4.", _ids()) == ([], "The answer is 4.", None, None)
 
 
 def test_the_format_comes_from_the_template_or_is_named(tokenizer, tmp_path):
@@ -199,3 +199,92 @@ def test_a_chat_template_is_a_shipped_name_or_a_jinja_file(tmp_path):
         load_chat_template(f)
     with pytest.raises(InputError, match="not a file, nor a shipped template"):
         load_chat_template("llama9")
+
+
+REASONING_SCRIPT = ('steps:\n  - reasoning: "The notes first."\n    text: "Reading."\n'
+                    '    tool_calls: [{name: read, arguments: {path: "notes.txt"}}]\n'
+                    '  - reasoning: "It says hello."\n    text: "Done: hello."\n')
+
+
+@pytest.fixture()
+def thinking_gateway(kit, tmp_path):
+    """The kit model (ChatML; its template writes an assistant turn's reasoning as a leading <think> block)
+    answering with a script whose steps carry reasoning: what a Qwen3-style model samples."""
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.records import read_trajectories
+
+    script = tmp_path / "script.yaml"
+    script.write_text(REASONING_SCRIPT)
+    gw = build_gateway(str(kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(kit[0]))
+    server = BackgroundServer(gw)
+    url = server.start()
+
+    def stop():  # every session finalized: the trajectories, by session
+        server.stop()
+        return {t.meta["session"]: t for t in read_trajectories(tmp_path / "out" / "trajectories.jsonl")}
+
+    yield url, stop
+    server.stop()
+
+
+def test_sampled_reasoning_reaches_claude_code_as_a_thinking_block_and_comes_back_on_the_tree(thinking_gateway):
+    """Anthropic SDK, streaming and not: the sampled ``<think>`` block is a ``thinking`` block before the
+    text and the tool_use; sent back in the next request (as Claude Code does), the assistant turn
+    renders to the sampled ids: the second call extends the first, no branch."""
+    import anthropic
+
+    url, stop = thinking_gateway
+    client = anthropic.Anthropic(base_url=url, api_key="x")
+    tools = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in TOOLS]
+    head = {"x-claude-code-session-id": "s"}
+    messages = [{"role": "user", "content": "Go."}]
+    with client.messages.stream(model="kit", max_tokens=300, messages=messages, tools=tools, extra_headers=head) as s:
+        first = s.get_final_message()
+    assert [b.type for b in first.content] == ["thinking", "text", "tool_use"]
+    assert first.content[0].thinking == "The notes first." and first.content[1].text == "Reading."
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[2].id,
+                                               "content": "hello"}]}]
+    second = client.messages.create(model="kit", max_tokens=300, messages=messages, tools=tools, extra_headers=head)
+    assert [(b.type, getattr(b, "thinking", None)) for b in second.content][0] == ("thinking", "It says hello.")
+    traj = stop()["s"]
+    one, two = traj.calls
+    assert traj.meta["branches"] == {} and traj.message_table()[one.response].reasoning == "The notes first."
+    assert two.context_tokens[:len(one.context_tokens) + len(one.response_tokens)] == \
+        one.context_tokens + one.response_tokens
+
+
+def test_sampled_reasoning_reaches_codex_as_a_reasoning_item_and_its_drop_is_a_branch(thinking_gateway):
+    """OpenAI Responses SDK, streaming (as Codex calls it): the reasoning is a ``reasoning`` item (its
+    summary the sampled text) before the message and the function call. Codex drops reasoning between
+    turns: the next request without it renders the assistant turn without the <think> block, not the
+    sampled ids, and the tree records that branch (``template-drift`` before call-1, DESIGN.md); Chat
+    Completions gets ``reasoning_content``."""
+    import openai
+
+    url, stop = thinking_gateway
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+             for t in TOOLS]
+    head = {"session-id": "codex-1"}
+    items = [{"role": "user", "content": "Go."}]
+    with client.responses.stream(model="kit", input=items, tools=tools, extra_headers=head) as s:
+        first = s.get_final_response()
+    assert [o.type for o in first.output] == ["reasoning", "message", "function_call"]
+    assert first.output[0].summary[0].text == "The notes first."
+    call = first.output[2]
+    items += [first.output[1].model_dump(exclude_none=True), call.model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": call.call_id, "output": "hello"}]  # reasoning dropped
+    second = client.responses.create(model="kit", input=items, tools=tools, extra_headers=head)
+    assert second.output[0].type == "reasoning" and second.output[1].content[0].text == "Done: hello."
+    chat = openai.OpenAI(base_url=url + "/v1", api_key="x").chat.completions.create(
+        model="kit", messages=[{"role": "user", "content": "Go."}], tools=schemas_to_hf(TOOLS),
+        extra_headers={"x-session-id": "chat-1"})
+    assert chat.choices[0].message.model_extra["reasoning_content"] == "The notes first."
+    traj = stop()["codex-1"]
+    one, two = traj.calls
+    assert two.context_tokens[:len(one.context_tokens)] == one.context_tokens  # the prompt is kept ...
+    assert two.context_tokens[len(one.context_tokens):][:len(one.response_tokens)] != one.response_tokens  # not the think
+    assert traj.meta["branches"] == {"template-drift": 1}  # the history re-rendered otherwise than sampled
+    assert [(e.kind, e.before_call) for e in traj.evictions] == [("template-drift", "call-1")]

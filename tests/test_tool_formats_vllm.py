@@ -47,7 +47,7 @@ def test_vllm_parses_the_same_calls_from_every_shape(tokenizer, family):
         message = Message(id="a", role="assistant", content=content,
                           tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)])
         text = renderer.response_text(CONTEXT, tools, message)
-        ours, our_content, error = exact_parse(renderer, family, CONTEXT, tools, text, lambda: "call_0")
+        ours, our_content, _, error = exact_parse(renderer, family, CONTEXT, tools, text, lambda: "call_0")
         theirs = _vllm_parser(family, tok, request).extract_tool_calls(text, request)
         assert error is None and theirs.tools_called, text
         assert [(c.name, c.arguments) for c in ours] == [

@@ -138,8 +138,15 @@ def _assistant(blocks: list, where: str) -> list[Message]:
 
 # --- answers ------------------------------------------------------------------------------------------
 
+SIGNATURE = "memorywalker-unsigned"  # thinking blocks carry a signature; the gateway's are not verifiable
+
+
 def _blocks(reply: Reply) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.content}] if reply.content or not reply.tool_calls else []
+    blocks: list[dict[str, Any]] = []
+    if reply.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": SIGNATURE})
+    if reply.content or not reply.tool_calls:
+        blocks.append({"type": "text", "text": reply.content})
     for tc in reply.tool_calls:
         # A tool_use input is an object; replies whose arguments are not one go back as text (Reply.parse_error).
         blocks.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": tc.arguments})
@@ -166,7 +173,15 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
     start["usage"] = _usage(reply) | {"output_tokens": 1}
     yield _event("message_start", {"message": start})
     for index, block in enumerate(_blocks(reply)):
-        if block["type"] == "text":
+        if block["type"] == "thinking":
+            yield _event("content_block_start", {"index": index, "content_block": {"type": "thinking", "thinking": "",
+                                                                                   "signature": ""}})
+            for k in range(0, len(block["thinking"]), chunk):
+                yield _event("content_block_delta", {"index": index, "delta": {
+                    "type": "thinking_delta", "thinking": block["thinking"][k:k + chunk]}})
+            yield _event("content_block_delta", {"index": index, "delta": {"type": "signature_delta",
+                                                                           "signature": block["signature"]}})
+        elif block["type"] == "text":
             yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
             for k in range(0, len(block["text"]), chunk):
                 yield _event("content_block_delta", {"index": index,

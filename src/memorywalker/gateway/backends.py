@@ -174,6 +174,7 @@ class ScriptedBackend:
         found = _CWD.search("\n".join(m.content for m in call.messages))
         cwd = (found.group(1) or found.group(2)).strip() if found else "."
         message = Message(id="response", role="assistant", content=_fill(entry.get("text") or "", cwd),
+                          reasoning=entry.get("reasoning") or None,
                           tool_calls=[ToolCall(id=f"script-{k}", name=tc["name"], arguments=_fill(tc.get("arguments") or {}, cwd))
                                       for k, tc in enumerate(entry.get("tool_calls") or [])])
         tok = self.renderer.tok

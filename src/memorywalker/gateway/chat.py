@@ -88,6 +88,8 @@ def _usage(reply: Reply) -> dict[str, int]:
 
 def reply_json(reply: Reply, request: Request) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content if reply.content or not reply.tool_calls else None}
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = _tool_calls(reply)
     return {"id": f"chatcmpl-{reply.id}", "object": "chat.completion", "created": int(time.time()),
@@ -106,6 +108,8 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     yield event({"role": "assistant", "content": ""})
+    for k in range(0, len(reply.reasoning or ""), chunk):
+        yield event({"reasoning_content": reply.reasoning[k:k + chunk]})
     for k in range(0, len(reply.content), chunk):
         yield event({"content": reply.content[k:k + chunk]})
     for index, tc in enumerate(_tool_calls(reply)):

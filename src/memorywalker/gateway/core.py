@@ -279,7 +279,7 @@ class Gateway:
         body = ids[:-1] if ids and ids[-1] in self.renderer.eot_ids and out.finish_reason != "length" else ids
         text = self.renderer.tok.decode(body, skip_special_tokens=False)
         prefix = "toolu_" if request.dialect == "anthropic" else "call_"
-        calls, content, error = ([], text, None) if out.finish_reason == "length" else exact_parse(
+        calls, content, reasoning, error = ([], text, None, None) if out.finish_reason == "length" else exact_parse(
             self.renderer, self.tool_parser, request.messages, schemas_to_hf(request.tools), text, lambda: new_id(prefix))
         if calls:
             finish = "tool_calls"
@@ -287,9 +287,9 @@ class Gateway:
             error = f"calls tools not offered: {unknown}" if unknown else None
         else:
             finish = "length" if out.finish_reason == "length" else "stop"
-        response = Message(id="", role="assistant", content=content, tool_calls=calls)
+        response = Message(id="", role="assistant", content=content, reasoning=reasoning, tool_calls=calls)
         reply = Reply(content=content, tool_calls=calls, finish=finish, input_tokens=prompt_len,
-                      output_tokens=len(ids), parse_error=error)
+                      output_tokens=len(ids), parse_error=error, reasoning=reasoning)
         return reply, response
 
     # --- trajectories -----------------------------------------------------------------------------

@@ -60,6 +60,7 @@ class Reply:
     input_tokens: int
     output_tokens: int
     parse_error: str | None = None  # the sampled text did not parse as tool calls and goes back as text
+    reasoning: str | None = None  # a sampled <think> block: a thinking block / reasoning item / reasoning_content
     id: str = field(default_factory=lambda: secrets.token_hex(12))
 
 

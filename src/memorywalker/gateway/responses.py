@@ -110,6 +110,9 @@ def _assistant(messages: list[Message], reasoning: list[str]) -> Message:
 
 def _items(reply: Reply) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    if reply.reasoning is not None:  # what the model sampled as reasoning: a reasoning item, summary = the text
+        items.append({"type": "reasoning", "id": f"rs_{reply.id}", "status": "completed",
+                      "summary": [{"type": "summary_text", "text": reply.reasoning}]})
     if reply.content or not reply.tool_calls:
         items.append({"type": "message", "id": f"msg_{reply.id}", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
@@ -142,7 +145,21 @@ def reply_events(reply: Reply, request: Request, chunk: int = 64) -> Iterator[st
     yield event("response.created", response=reply_json(reply, request, status="in_progress", output=[]))
     yield event("response.in_progress", response=reply_json(reply, request, status="in_progress", output=[]))
     for index, item in enumerate(_items(reply)):
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["summary"][0]["text"]
+            part = {"type": "summary_text", "text": ""}
+            yield event("response.output_item.added", output_index=index, item=item | {"status": "in_progress",
+                                                                                       "summary": []})
+            yield event("response.reasoning_summary_part.added", item_id=item["id"], output_index=index,
+                        summary_index=0, part=part)
+            for k in range(0, len(text), chunk):
+                yield event("response.reasoning_summary_text.delta", item_id=item["id"], output_index=index,
+                            summary_index=0, delta=text[k:k + chunk])
+            yield event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                        summary_index=0, text=text)
+            yield event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                        summary_index=0, part=item["summary"][0])
+        elif item["type"] == "message":
             text = item["content"][0]["text"]
             empty = {"type": "output_text", "text": "", "annotations": []}
             yield event("response.output_item.added", output_index=index, item=item | {"status": "in_progress", "content": []})

@@ -253,20 +253,51 @@ def format_for(chat_template: str | None) -> str:
     return "text"
 
 
+def reasoning_splits(text: str) -> list[tuple[str, str]]:
+    """(reasoning, the rest) for a response that opens with a ``<think>`` block (Qwen3, DeepSeek-R1, the kit
+    templates): the variants a template may have written around it, most literal first; [] without one.
+
+    >>> [r for r in reasoning_splits("<think>\\nplan\\n</think>\\n\\nDone.") if r[0] == "plan"]
+    [('plan', '\\n\\nDone.'), ('plan', 'Done.')]
+    """
+    body = text.lstrip()
+    end = body.find("</think>")
+    if not body.startswith("<think>") or end < 0:
+        return []
+    inner, rest = body[len("<think>"):end], body[end + len("</think>"):]
+    out: list[tuple[str, str]] = []
+    for r in dict.fromkeys((inner, inner.strip("\n"), inner.strip())):
+        for c in dict.fromkeys((rest, rest.lstrip("\n"), rest.lstrip())):
+            out.append((r, c))
+    return out
+
+
 def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[str, Any]] | None, text: str,
-                new_id: Callable[[], str]) -> tuple[list[ToolCall], str, str | None]:
-    """(tool calls, content, error) of a sampled ``text`` after ``messages``: the first candidate of format
-    ``fmt`` whose message ``renderer`` re-renders to ``text`` exactly; else no calls, the text, and why
-    (None when the response holds no tool call)."""
-    candidates = FORMATS[fmt][0](text)
-    if candidates[0].error is not None:
-        return [], text, None if candidates[0].error == "no tool call" else candidates[0].error
-    usable = [c for c in candidates if all(isinstance(a, dict) for _, a in c.tool_calls)]
-    if not usable:
-        return [], text, "tool-call arguments are not a JSON object"
-    for c in usable:
-        calls = [ToolCall(id=new_id(), name=n, arguments=a) for n, a in c.tool_calls]
-        response = Message(id="", role="assistant", content=c.content, tool_calls=calls)
-        if renderer.response_text(messages, tools, response) == text:
-            return calls, c.content, None
-    return [], text, f"the {fmt} tool calls parsed from the response do not re-render to the sampled text under the served template"
+                new_id: Callable[[], str]) -> tuple[list[ToolCall], str, str | None, str | None]:
+    """(tool calls, content, reasoning, error) of a sampled ``text`` after ``messages``: the first reading —
+    a leading ``<think>`` block as reasoning (:func:`reasoning_splits`), then a candidate of format ``fmt``
+    for the rest — whose message ``renderer`` re-renders to ``text`` exactly; else no calls, the text, no
+    reasoning, and why (None when the response holds no tool call)."""
+    def exact(content: str, reasoning: str | None, calls: list[ToolCall]) -> bool:
+        response = Message(id="", role="assistant", content=content, reasoning=reasoning, tool_calls=calls)
+        return renderer.response_text(messages, tools, response) == text
+
+    for reasoning, rest in [*reasoning_splits(text), (None, text)]:
+        candidates = FORMATS[fmt][0](rest)
+        if candidates[0].error is not None:  # no tool call (or a malformed one): text, with the reasoning apart
+            if reasoning is None:
+                return [], text, None, None if candidates[0].error == "no tool call" else candidates[0].error
+            if candidates[0].error == "no tool call" and exact(rest, reasoning, []):
+                return [], rest, reasoning, None
+            continue
+        usable = [c for c in candidates if all(isinstance(a, dict) for _, a in c.tool_calls)]
+        for c in usable:
+            calls = [ToolCall(id=new_id(), name=n, arguments=a) for n, a in c.tool_calls]
+            if exact(c.content, reasoning, calls):
+                return calls, c.content, reasoning, None
+        if reasoning is None:
+            if not usable:
+                return [], text, None, "tool-call arguments are not a JSON object"
+            return [], text, None, (f"the {fmt} tool calls parsed from the response do not re-render to the "
+                                    "sampled text under the served template")
+    raise AssertionError("unreachable: the reading without reasoning always returns")

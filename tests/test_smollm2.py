@@ -136,3 +136,32 @@ def test_models_cli_refuses_an_unknown_name_in_one_line():
     r = CliRunner().invoke(app, ["models", "get", "nope"])
     assert r.exit_code == 2, r.output
     assert r.output.strip() == "memorywalker models: error: unknown model 'nope'; valid: ['smollm2-135m']"
+
+
+def test_smollm2_under_the_kits_tool_template_calls_tools_through_the_gateway(smollm, tmp_path):
+    """SmolLM2's own template renders no tools, so its replies are text (parser ``text``). Served with
+    ``chat_template="chatml"`` (the kit's: tools in the system turn, ``<tool_call>`` JSON), a scripted tool
+    call in its 49,152-entry vocabulary is parsed back exactly (``hermes``) and reaches an OpenAI client as a
+    tool call; the trajectory names the template."""
+    import openai
+
+    from memorywalker.cli.gateway_cmd import build_gateway
+    from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.records import read_trajectories
+
+    model_dir = smollm[0]
+    script = tmp_path / "s.yaml"
+    script.write_text('steps:\n  - tool_calls: [{name: read, arguments: {path: "notes.txt"}}]\n')
+    own = build_gateway(str(model_dir), f"scripted:{script}", tmp_path / "own")
+    assert own.tool_parser == "text"
+    gw = build_gateway(str(model_dir), f"scripted:{script}", tmp_path / "out", chat_template="chatml")
+    assert gw.tool_parser == "hermes" and len(gw.renderer.tok) == 49_152
+    tools = [{"type": "function", "function": {"name": "read", "description": "Read a file.", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}}]
+    with BackgroundServer(gw) as url:
+        r = openai.OpenAI(base_url=url + "/v1", api_key="x").chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Read notes.txt."}], tools=tools)
+    (tc,) = r.choices[0].message.tool_calls
+    assert (tc.function.name, tc.function.arguments) == ("read", '{"path": "notes.txt"}')
+    (traj,) = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
+    assert traj.meta["chat_template"].startswith("chatml sha256:") and traj.meta["tool_parser"] == "hermes"

@@ -84,27 +84,32 @@ _QWEN_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\s*(.*?)\s*</functio
 _QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.S)
 
 
-def parse_qwen3_coder(text: str) -> Candidates:
+def _keyed_blocks(text: str, call: re.Pattern, arg: re.Pattern) -> Candidates:
+    """Calls written as ``<tool_call>`` blocks matching ``call`` (group 1 the name, group 2 the body) whose
+    body is a run of ``arg`` matches (group 1 a key, group 2 its value as text): Qwen3-Coder's and GLM-4.5's."""
     start = text.find("<tool_call>")
     if start < 0:
         return _no_call(text)
     pos, calls = start, []
     while pos < len(text):
-        m = _QWEN_CALL.match(text, pos)
+        m = call.match(text, pos)
         if m is None:
             return _malformed(text, pos)
-        body, params, at = m.group(2), [], 0
+        body, args, at = m.group(2), [], 0
         while at < len(body):
-            p = _QWEN_PARAM.match(body, at)
-            if p is None:
+            a = arg.match(body, at)
+            if a is None:
                 return _malformed(text, m.start(2) + at)
-            params.append((p.group(1), p.group(2)))
-            at = p.end()
-        typed = {k: _typed(v) for k, v in params}
-        raw = {k: v for k, v in params}
-        calls.append((m.group(1), [typed, raw] if typed != raw else [raw]))
+            args.append((a.group(1), a.group(2)))
+            at = a.end()
+        typed, raw = {k: _typed(v) for k, v in args}, dict(args)
+        calls.append((m.group(1).strip(), [typed, raw] if typed != raw else [raw]))
         pos = m.end()
     return _expand(text[:start], calls)
+
+
+def parse_qwen3_coder(text: str) -> Candidates:
+    return _keyed_blocks(text, _QWEN_CALL, _QWEN_PARAM)
 
 
 _GLM_CALL = re.compile(r"<tool_call>([^\n<]+)\n?(.*?)</tool_call>\s*", re.S)
@@ -112,26 +117,7 @@ _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\
 
 
 def parse_glm45(text: str) -> Candidates:
-    start = text.find("<tool_call>")
-    if start < 0:
-        return _no_call(text)
-    pos, calls = start, []
-    while pos < len(text):
-        m = _GLM_CALL.match(text, pos)
-        if m is None:
-            return _malformed(text, pos)
-        body, args, at = m.group(2), [], 0
-        while at < len(body):
-            a = _GLM_ARG.match(body, at)
-            if a is None:
-                return _malformed(text, m.start(2) + at)
-            args.append((a.group(1), a.group(2)))
-            at = a.end()
-        typed = {k: _typed(v) for k, v in args}
-        raw = {k: v for k, v in args}
-        calls.append((m.group(1).strip(), [typed, raw] if typed != raw else [raw]))
-        pos = m.end()
-    return _expand(text[:start], calls)
+    return _keyed_blocks(text, _GLM_CALL, _GLM_ARG)
 
 
 _DECODER = json.JSONDecoder()

@@ -288,3 +288,29 @@ def test_sampled_reasoning_reaches_codex_as_a_reasoning_item_and_its_drop_is_a_b
     assert two.context_tokens[len(one.context_tokens):][:len(one.response_tokens)] != one.response_tokens  # not the think
     assert traj.meta["branches"] == {"template-drift": 1}  # the history re-rendered otherwise than sampled
     assert [(e.kind, e.before_call) for e in traj.evictions] == [("template-drift", "call-1")]
+
+
+def test_a_simulated_rollout_parses_the_templates_format(tokenizer):
+    """The simulated environments (``rollout``, ``rl`` without tasks=, ``eval``) parse a sampled response
+    with the template's family too: under the Qwen3-Coder template an XML-parameter call is executed
+    (the answer tool: reward 1), while a Hermes-style call is malformed there and the observation shows
+    the model the template's own form; the format can be named (``HarnessConfig.tool_parser``)."""
+    from memorywalker.errors import InputError
+    from memorywalker.records import check_trajectory
+    from memorywalker.rollout import HarnessConfig, WebSearchEnv, run_episode
+    from test_harness import Scripted
+
+    tok = family_tokenizer(tokenizer, "qwen3_coder")
+    env = WebSearchEnv()
+    task = env.task("lookup", 0)
+    hermes = f'<tool_call>\n{{"name": "answer", "arguments": {{"text": "{task.answer}"}}}}\n</tool_call>'
+    xml = f"<tool_call>\n<function=answer>\n<parameter=text>\n{task.answer}\n</parameter>\n</function>\n</tool_call>"
+    traj = run_episode(env, task, Scripted(tok, [hermes, xml]), tok, HarnessConfig("none"), seed=0)
+    check_trajectory(traj)
+    table = traj.message_table()
+    assert table[traj.calls[1].context[-1]].content.startswith("Error: malformed tool call at character 0. Call a "
+                                                              "tool as <tool_call>\n<function=NAME>")
+    assert table[traj.calls[1].response].tool_calls[0].arguments == {"text": task.answer}
+    assert traj.reward == 1.0
+    with pytest.raises(InputError, match="tool_parser=nope"):
+        HarnessConfig("none", tool_parser="nope")

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memorywalker.records.schema import Message, ToolCall
-from memorywalker.render.toolcalls import ParsedResponse, arguments_from_text, parse_response
+from memorywalker.render.toolcalls import CALL_FORMAT, ParsedResponse, arguments_from_text, parse_response
 
 Candidates = list[ParsedResponse]
 
@@ -75,9 +75,13 @@ def parse_hermes(text: str) -> Candidates:
     parsed = parse_response(text)
     if parsed.error:
         return [parsed]
-    # arguments json.dumps would write otherwise are offered as the object too: the re-render decides
-    calls = [(n, a if isinstance(a, dict) else arguments_from_text(a)) for n, a in parsed.tool_calls]
-    return [ParsedResponse(c, calls, None) for c in _contents(parsed.content)]
+    # arguments json.dumps would write otherwise: the object first, then the text as written (a template that
+    # writes a string argument verbatim re-renders it; the re-render decides)
+    calls = []
+    for name, args in parsed.tool_calls:
+        obj = arguments_from_text(args) if isinstance(args, str) else args
+        calls.append((name, [obj, args] if isinstance(args, str) and isinstance(obj, dict) else [args]))
+    return _expand(parsed.content, calls)
 
 
 _QWEN_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*</tool_call>\s*", re.S)
@@ -227,6 +231,19 @@ FORMATS: dict[str, tuple[Callable[[str], Candidates], str | None]] = {
 }
 
 
+# How each format writes a call: the hint a simulated environment returns after a response it could not parse.
+CALL_HINTS = {
+    "hermes": CALL_FORMAT,
+    "qwen3_coder": "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>",
+    "glm45": "<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>",
+    "mistral": "[TOOL_CALLS]NAME[ARGS]{<arguments as JSON>}",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{<arguments as JSON>}\n```"
+                   "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "llama3_json": '{"name": NAME, "parameters": {<arguments as JSON>}}',
+    "text": CALL_FORMAT,
+}
+
+
 def format_for(chat_template: str | None) -> str:
     """The tool-call format a chat template writes (:data:`FORMATS` key), ``text`` when none is known.
 
@@ -237,6 +254,33 @@ def format_for(chat_template: str | None) -> str:
         if marker is not None and chat_template and marker in chat_template:
             return name
     return "text"
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+
+
+def by_schema(candidates: Candidates, tools: list[dict[str, Any]] | None) -> Candidates:
+    """``candidates`` with those whose argument values have the types the offered tools' schemas declare
+    first (stably): "83700" for a string parameter, 83700 for an integer one.
+
+    >>> tools = [{"function": {"name": "f", "parameters": {"properties": {"x": {"type": "string"}}}}}]
+    >>> [c.tool_calls for c in by_schema([ParsedResponse("", [("f", {"x": 1})]), ParsedResponse("", [("f", {"x": "1"})])], tools)]
+    [[('f', {'x': '1'})], [('f', {'x': 1})]]
+    """
+    props = {}
+    for t in tools or []:
+        fn = t.get("function", t)
+        props[fn.get("name")] = (fn.get("parameters") or {}).get("properties") or {}
+
+    def misfits(c: ParsedResponse) -> int:
+        n = 0
+        for name, args in c.tool_calls:
+            for k, v in args.items() if isinstance(args, dict) else ():
+                want = _JSON_TYPES.get((props.get(name, {}).get(k) or {}).get("type"))
+                n += want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool)))
+        return n
+
+    return sorted(candidates, key=misfits)
 
 
 def reasoning_splits(text: str) -> list[tuple[str, str]]:
@@ -269,7 +313,7 @@ def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[st
         return renderer.response_text(messages, tools, response) == text
 
     for reasoning, rest in [*reasoning_splits(text), (None, text)]:
-        candidates = FORMATS[fmt][0](rest)
+        candidates = by_schema(FORMATS[fmt][0](rest), tools)
         if candidates[0].error is not None:  # no tool call (or a malformed one): text, with the reasoning apart
             if reasoning is None:
                 return [], text, None, None if candidates[0].error == "no tool call" else candidates[0].error

@@ -25,7 +25,8 @@ from memorywalker.records.builder import TrajectoryBuilder
 from memorywalker.records.schema import Lineage, Message, Task, ToolCall, ToolSchema, Trajectory
 from memorywalker.records.validate import RecordError
 from memorywalker.render.render import eot_ids
-from memorywalker.render.toolcalls import CALL_FORMAT, call_arguments, parse_response
+from memorywalker.render.tool_formats import CALL_HINTS, FORMATS, by_schema, format_for
+from memorywalker.render.toolcalls import call_arguments
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout.compressors import Compressor, apply_eviction, make_compressor
 from memorywalker.rollout.environments.base import Environment
@@ -45,9 +46,12 @@ class HarnessConfig:
     placeholder: str = "[Old tool result content cleared]"  # opencode's fixed placeholder text
     max_fold_blocks: int = 2  # agentfold: fold blocks kept before they are consolidated into one
     min_truncated_tokens: int = 48  # qwen-agent: below this, a tool result is dropped rather than truncated
+    tool_parser: str | None = None  # the sampled tool-call format (render/tool_formats.py); None: the template's
 
     def __post_init__(self) -> None:
         make_compressor(self.name)  # raises with the valid names
+        if self.tool_parser is not None and self.tool_parser not in FORMATS:
+            raise InputError(f"tool_parser={self.tool_parser}: not a known tool-call format ({', '.join(FORMATS)})")
         if not 0 < self.watermark <= 1:
             raise InputError(f"watermark must be in (0, 1], got {self.watermark}")
 
@@ -91,6 +95,7 @@ class Episode:
         self._n_tool_calls = 0
         self._token_memo: dict[tuple[str, ...], tuple[str, list[int]]] = {}
         self.eot_ids = eot_ids(tokenizer)
+        self.tool_format = config.tool_parser or format_for(getattr(tokenizer, "chat_template", None))
 
     # --- messages -----------------------------------------------------------------------------------
 
@@ -192,12 +197,18 @@ class Episode:
             self._check_vocab(response_ids, out.top_logprobs)
             ended = bool(response_ids) and response_ids[-1] in self.eot_ids
             text = self.tok.decode(response_ids[:-1] if ended else response_ids)
-            parsed = parse_response(text)
-            calls, error = parsed.tool_calls, parsed.error
-            resp = self._response_message(parsed.content, calls)
-            if calls and not self._renders_as(request, prompt_text, resp, text):
-                # The template would not reproduce the sampled text: keep it verbatim as content.
-                calls, error = [], "tool call does not re-render as sampled"
+            candidates = by_schema(FORMATS[self.tool_format][0](text), self.hf_tools)  # the template family's format
+            calls, error, resp = [], candidates[0].error, None
+            for c in candidates if error is None else []:
+                taken = self._n_tool_calls
+                resp = self._response_message(c.content, c.tool_calls)
+                if self._renders_as(request, prompt_text, resp, text):
+                    calls = c.tool_calls
+                    break
+                self._n_tool_calls = taken  # a reading that does not re-render takes no tool-call ids
+            else:  # none: the template would not reproduce the sampled text: keep it verbatim as content
+                if error is None:
+                    error = "tool call does not re-render as sampled"
                 resp = self._response_message(text, [])
             logprobs, tops = out.logprobs, out.top_logprobs
             finish = "length" if out.finish_reason == "length" else ("tool_calls" if calls else "stop")
@@ -270,7 +281,8 @@ def run_episode(env: Environment, task: Task, policy: Policy, tokenizer, config:
         ep.history.append(rid)
         done = False
         if error is not None:
-            ep.history.append(ep.add("user", f"Error: {error}. Call a tool as {CALL_FORMAT}", author="environment"))
+            ep.history.append(ep.add("user", f"Error: {error}. Call a tool as {CALL_HINTS[ep.tool_format]}",
+                                     author="environment"))
         for tc in ep.table[rid].tool_calls:
             extra: dict[str, Any] = {}
             args = call_arguments(tc.arguments)

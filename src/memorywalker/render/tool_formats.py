@@ -261,7 +261,8 @@ _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean":
 
 def by_schema(candidates: Candidates, tools: list[dict[str, Any]] | None) -> Candidates:
     """``candidates`` with those whose argument values have the types the offered tools' schemas declare
-    first (stably): "83700" for a string parameter, 83700 for an integer one.
+    first (stably), after any whose arguments are all objects: "83700" for a string parameter, 83700 for
+    an integer one.
 
     >>> tools = [{"function": {"name": "f", "parameters": {"properties": {"x": {"type": "string"}}}}}]
     >>> [c.tool_calls for c in by_schema([ParsedResponse("", [("f", {"x": 1})]), ParsedResponse("", [("f", {"x": "1"})])], tools)]
@@ -280,7 +281,7 @@ def by_schema(candidates: Candidates, tools: list[dict[str, Any]] | None) -> Can
                 n += want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool)))
         return n
 
-    return sorted(candidates, key=misfits)
+    return sorted(candidates, key=lambda c: (sum(not isinstance(a, dict) for _, a in c.tool_calls), misfits(c)))
 
 
 def reasoning_splits(text: str) -> list[tuple[str, str]]:

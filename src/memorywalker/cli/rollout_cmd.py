@@ -20,6 +20,7 @@ from rich.table import Table
 from memorywalker.cli import renamed
 from memorywalker.cli.harness_options import HELP, harness_option
 from memorywalker.cli.tokenizers import load_tokenizer
+from memorywalker.render.chat_templates import use_chat_template
 
 # the compressor and environment registries, and the rollout machinery (loaded at CLI start anyway)
 from memorywalker.rollout import COMPRESSORS, ENVIRONMENTS, HarnessConfig, make_policy, rollout
@@ -56,6 +57,10 @@ def rollout_cmd(
                                          "the model's positions − --max-new-tokens)"),
     world_seed: int = typer.Option(0, "--world-seed", help="seed of the generated world"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="HF tokenizer dir (default: the model's, or the kit's for expert)"),
+    chat_template: str = typer.Option(None, "--chat-template", help="Render with this template instead of the "
+                                      "tokenizer's: a Jinja file or a shipped name (memorywalker gateway --help)."),
+    tool_parser: str = typer.Option(None, "--tool-parser", help="The sampled tool-call format (default: the "
+                                    "template's: hermes, qwen3_coder, llama3_json, mistral, glm45, deepseek_v3)."),
     temperature: float = typer.Option(1.0, "--temperature", help="hf/openai sampling temperature"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="hf/openai response length limit"),
     top_k: int = typer.Option(5, "--top-k", help="top-k logprobs recorded per token"),
@@ -126,8 +131,10 @@ def rollout_cmd(
         elif kind == "openai":
             raise typer.BadParameter("--sampler openai:URL needs --tokenizer DIR (the served model's tokenizer)")
     tok = load_tokenizer(tokenizer)  # None: the kit's (the expert and scripted samplers)
+    use_chat_template(tok, chat_template)
     config = HarnessConfig(compressor, budget=budget, watermark=watermark, keep_recent=keep_recent,
-                           max_steps=max_steps, max_context=max_context or HarnessConfig.max_context)
+                           max_steps=max_steps, max_context=max_context or HarnessConfig.max_context,
+                           tool_parser=tool_parser)
     if fault_rate > 0:  # opt-in: without it episodes are byte-identical to a plain run
         try:
             faults = FaultConfig(rate=fault_rate, kinds=tuple(k.strip() for k in fault_kinds.split(",") if k.strip()),

@@ -179,7 +179,8 @@ def _train(cfg: RLConfig, *, progress: bool, env, reward_fn, closing: ExitStack)
         sessions = None
         env = env if env is not None else ENVIRONMENTS[cfg.env](world_seed=cfg.world_seed)
         compressor = HarnessConfig(cfg.compressor, budget=cfg.budget, watermark=cfg.watermark,
-                                   keep_recent=cfg.keep_recent, max_steps=cfg.max_steps, max_context=cfg.max_context)
+                                   keep_recent=cfg.keep_recent, max_steps=cfg.max_steps, max_context=cfg.max_context,
+                                   tool_parser=cfg.tool_parser)
     full_view = get_method(cfg.method).full_view  # sdcc trains on the uncompressed transcript
     engine = cfg.engine_config("grpo")  # clipping, rollout correction and temperature are engine fields too
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,

@@ -109,8 +109,9 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     # --- data: keep the trajectories that have targets (rendered while they were read) ---------------------
     rendered = [fits.rendered[t.id] for t in trajectories]
     data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
-    if info.is_main:
-        print(f"sft: {left_out_line(calls_left_out(rendered), sum(len(r.calls) for r in rendered), cfg.truncated)}")
+    if info.is_main:  # flushed: an error later in the run stays the last line
+        print(f"sft: {left_out_line(calls_left_out(rendered), sum(len(r.calls) for r in rendered), cfg.truncated)}",
+              flush=True)
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
     if not data:

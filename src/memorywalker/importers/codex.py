@@ -307,13 +307,15 @@ class _Replay:
         before = list(self.history)
         lead = [self.instructions] if self.instructions else []  # sent as the request's instructions
         if isinstance(payload.get("replacement_history"), list):
-            new, used = list(lead), set(lead)
+            new, used, current = list(lead), set(lead), set(before)
             for it in payload["replacement_history"]:
                 if not isinstance(it, dict):
                     self.result.notes["items_not_objects"] += 1
                     continue
-                # An item saying what an earlier one said is that message (Codex renews ids and metadata).
-                mid = next((m for m in self.by_key.get(_key(it), []) if m not in used), None)
+                # An item saying what an earlier one said is that message (Codex renews ids and metadata): one
+                # of the history first, then any earlier one.
+                same = [m for m in self.by_key.get(_key(it), []) if m not in used]
+                mid = next((m for m in same if m in current), same[0] if same else None)
                 if mid is None and _is_output(it):  # an output item Codex kept but we never saw: a harness artifact
                     mid = self.b.message("assistant", content_text(it.get("content")), author="harness")
                 elif mid is None:

@@ -1,15 +1,14 @@
 """Tool-call formats of the model families people serve: each parses a sampled response into content and
 tool calls, the way that family's chat template renders them.
 
-=============  ===================================================================================
-``hermes``     ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Hermes, Qwen2.5/3, the kit)
-``qwen3_coder`` ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
-``llama3_json`` the whole response one JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
-               ``<|python_tag|>``), Llama 3.1-3.3
-``mistral``    ``[TOOL_CALLS]NAME[ARGS]{...}`` per call (v11+), or ``[TOOL_CALLS][{"name", "arguments"}, ...]``
-``glm45``      ``<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>``
-``deepseek_v3`` ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>...``
-=============  ===================================================================================
+* ``hermes``: ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` (Hermes, Qwen2.5/3, the kit);
+* ``qwen3_coder``: ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>``;
+* ``llama3_json``: the response one JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
+  ``<|python_tag|>``; several joined by ``;``), Llama 3.1-3.3;
+* ``mistral``: ``[TOOL_CALLS]NAME[ARGS]{...}`` per call (v11+), or ``[TOOL_CALLS][{"name", "arguments"}, ...]``;
+* ``glm45``: ``<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>``;
+* ``deepseek_v3``: ``<｜tool▁calls▁begin｜>``, then per call ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
+  and a ```` ```json ```` block closed by ``<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``.
 
 A parser is lenient about what it accepts; whether a parse is *exact* is decided by rendering it back
 with the served template (:meth:`memorywalker.render.Renderer.response_text`): the gateway serves tool

@@ -17,12 +17,10 @@ stored message.
 **The summary call** (the assistant message with ``summary: true`` answering a compaction request): for
 a session of OpenCode 1.18 or later (``session.version``), as OpenCode sends it: no tools, the
 compaction agent's prompt and the flattened conversation (:mod:`memorywalker.importers.opencode_summary`);
-older sessions, or ones that do not say, keep the structured history, not checked against a capture
-(``meta.summary_context`` says which).
+older sessions keep the structured history, unchecked (``meta.summary_context`` says which).
 
-**The tools** are not stored either: ``--tools FILE|NAME`` (:mod:`memorywalker.importers.tools`) gives the
-set OpenCode offered (act calls offer it, summary calls none); without it ``meta.tools`` says they are
-unknown.
+**The tools** are not stored either: ``--tools`` (:mod:`memorywalker.importers.tools`) gives them, else
+``meta.tools`` says they are unknown.
 """
 
 from __future__ import annotations
@@ -306,6 +304,9 @@ class _Session:
         history = context
         if summary:
             context = self.summary_context(mi, _time(step[0]) or _time(mi), fields)
+            if self.flattened:  # the history's newly cleared outputs reach the next act call, not this one
+                self.seen_placeholders -= {ph for _, ph in newly}
+                newly = []
         cid = self.b.call(context, resp, finish_reason="tool_calls" if calls else "stop", **fields)
         if self.boundary is not None:
             removed, inserted = self.boundary
@@ -314,7 +315,7 @@ class _Session:
             self.boundary = None
         if newly:
             self.b.eviction(cid, "placeholder", [m for m, _ in newly], [p for _, p in newly], trigger="prune")
-        self.delivered.update(context)
+        self.delivered.update(history)
         self.history.append((resp, None, None))
         for call_id, tool, out, pruned in results:
             rid = self.b.message("tool", str(out), id=f"{step_id}:{call_id}", tool_call_id=call_id,

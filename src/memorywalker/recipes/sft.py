@@ -109,9 +109,6 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
     # --- data: keep the trajectories that have targets (rendered while they were read) ---------------------
     rendered = [fits.rendered[t.id] for t in trajectories]
     data = [r for r in rendered if any(c.selected and c.targets for c in r.calls)]
-    if info.is_main:  # flushed: an error later in the run stays the last line
-        print(f"sft: {left_out_line(calls_left_out(rendered), sum(len(r.calls) for r in rendered), cfg.truncated)}",
-              flush=True)
     if info.is_main and len(data) < len(rendered):
         print(f"sft: {len(rendered) - len(data)} of {len(rendered)} trajectories have no selected target")
     if not data:
@@ -121,6 +118,9 @@ def _train(cfg: SFTConfig, *, trajectories: list[Trajectory] | None, progress: b
                          f"the data now has {len(data)}")
     if info.is_main:
         record_config(cfg)
+        # flushed: an error later in the run stays the last line
+        print(f"sft: {left_out_line(calls_left_out(rendered), sum(len(r.calls) for r in rendered), cfg.truncated)}",
+              flush=True)
     engine = cfg.engine_config("nll")
     logger = MetricsLogger(run_dir, tensorboard=cfg.tensorboard, enabled=info.is_main, resume_step=start,
                            wandb=wandb_options(cfg))

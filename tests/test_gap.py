@@ -203,7 +203,20 @@ def test_gap_says_a_truncated_response_was_left_out_and_prefix_measures_it(kit, 
     out = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
     assert out["calls"] == {"total": 2, "left_out": {"no rollout logprobs": 1, "truncated": 1}}
     assert out["methods"]["tree-mask"]["overall"]["targets"] == 0
-    out = json.loads(CliRunner().invoke(app, [*args, "--json", "--truncated", "prefix"]).output)
-    assert out["calls"]["left_out"] == {"no rollout logprobs": 1}
+    out = json.loads(CliRunner().invoke(app, [*args, "--json", "--truncated", "prefix", "--chat-template", "chatml"]).output)
+    assert out["calls"]["left_out"] == {"no rollout logprobs": 1}  # chatml: the kit's own template, named
     assert out["methods"]["tree-mask"]["overall"]["targets"] == 6
     assert out["methods"]["tree-mask"]["overall"]["logprob_abs_diff"] < 1e-5
+
+
+def test_gap_names_a_chat_template_it_cannot_read_in_one_line(kit, tmp_path):
+    from memorywalker.cli.main import app
+
+    data = tmp_path / "d.jsonl"
+    b = TrajectoryBuilder("t")
+    s, u, a = b.message("system", "sys"), b.message("user", "Hi."), b.message("assistant", "Hello.")
+    b.call([s, u], a)
+    with TrajectoryWriter(data) as w:
+        w.write(b.build())
+    res = CliRunner().invoke(app, ["gap", "--model", str(kit[1]), "--data", str(data), "--chat-template", "llama9"])
+    assert res.exit_code == 2 and "--chat-template llama9: not a file, nor a shipped template" in res.output

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from memorywalker.records import TrajectoryReader
 from memorywalker.render import Renderer
+from memorywalker.render.chat_templates import use_chat_template
 from memorywalker.render.render import RenderOptions
 from memorywalker.render.types import left_out_line
 
@@ -44,6 +45,9 @@ def gap(
     method: list[str] = typer.Option(None, help="Methods to compare (repeat the option; default: every "
                                                 "registered method but the per-call reference)."),
     tokenizer: Path | None = typer.Option(None, help="Tokenizer dir (default: the model's)."),
+    chat_template: str | None = typer.Option(None, help="Render with this template instead of the tokenizer's (a "
+                                             "Jinja file or a shipped name): the one the records were served "
+                                             "with (their meta.chat_template)."),
     drift: bool = typer.Option(True, help="Also compute logit drift (full next-token distributions)."),
     against: str = typer.Option("recorded", help="recorded: the rollout logprobs in the records | per-call: "
                                 "this model's own logprobs under the context each call received (exact; for "
@@ -78,6 +82,7 @@ def gap(
 
     lm, tok = load_model(model, str(tokenizer) if tokenizer else None, dtype=dtype, device=torch.device("cpu"))
     # Ids the tokenizer does not have, and calls longer than the model's positions: rejected before any forward.
+    use_chat_template(tok, chat_template)
     renderer = Renderer(tok, RenderOptions(truncated=truncated))
     reader = TrajectoryReader(data, rejects_path=rejects, vocab_size=len(tok),
                               check=FitsModel(renderer, model_positions(model), keep=False))

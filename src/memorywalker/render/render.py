@@ -202,13 +202,22 @@ class Renderer:
         """The text the template writes for ``response`` after ``messages``, without its end-of-turn token
         (None when the conversation with it does not extend the prompt): a parsed response is exact when
         this is the text the model sampled."""
+        return self.response_texts(messages, tools)(response)
+
+    def response_texts(self, messages: list[Message], tools: list[dict[str, Any]] | None):
+        """:meth:`response_text` for many candidate responses after one context: the context is converted
+        and its prompt rendered once."""
         hf = [message_to_hf(m) for m in messages]
         prompt = self._apply(hf, tools, generation_prompt=True)
-        full = self._apply([*hf, message_to_hf(response)], tools, generation_prompt=False)
-        if not full.startswith(prompt):
-            return None
-        ids, _ = self._encode(full[len(prompt):])
-        return self.decode(self.strip_eot(self._cut_delimiter(ids)))
+
+        def text_of(response: Message) -> str | None:
+            full = self._apply([*hf, message_to_hf(response)], tools, generation_prompt=False)
+            if not full.startswith(prompt):
+                return None
+            ids, _ = self._encode(full[len(prompt):])
+            return self.decode(self.strip_eot(self._cut_delimiter(ids)))
+
+        return text_of
 
     def encode_continuing(self, text: str, cache: _TrajectoryCache) -> list[int]:
         """Token ids of ``text`` that keep the ids of the longest remembered sequence it extends.

@@ -150,7 +150,7 @@ def parse_llama3_json(text: str) -> Candidates:
             return _malformed(text, offset + pos) if calls or got is not None else _no_call(text)
         obj, pos = got
         args = obj.get("parameters", obj.get("arguments", {}))
-        calls.append((obj["name"], [args if isinstance(args, dict) else arguments_from_text(json.dumps(args))]))
+        calls.append((obj["name"], [args if isinstance(args, dict) else json.dumps(args)]))
         rest = body[pos:].lstrip()
         if rest.startswith(";"):
             rest = rest[1:].lstrip()
@@ -308,9 +308,12 @@ def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[st
     a leading ``<think>`` block as reasoning (:func:`reasoning_splits`), then a candidate of format ``fmt``
     for the rest — whose message ``renderer`` re-renders to ``text`` exactly; else no calls, the text, no
     reasoning, and why (None when the response holds no tool call)."""
+    rendered: Callable[[Message], str | None] | None = None  # the context's prompt, rendered once when needed
+
     def exact(content: str, reasoning: str | None, calls: list[ToolCall]) -> bool:
-        response = Message(id="", role="assistant", content=content, reasoning=reasoning, tool_calls=calls)
-        return renderer.response_text(messages, tools, response) == text
+        nonlocal rendered
+        rendered = rendered or renderer.response_texts(messages, tools)
+        return rendered(Message(id="", role="assistant", content=content, reasoning=reasoning, tool_calls=calls)) == text
 
     for reasoning, rest in [*reasoning_splits(text), (None, text)]:
         candidates = by_schema(FORMATS[fmt][0](rest), tools)

@@ -143,10 +143,10 @@ def prompt_ids(tok, traj: Trajectory, index: int, without_system: bool = False) 
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def token_check(tok, truth: Trajectory, want: int, imp: Trajectory, got: int) -> dict[str, Any]:
+def token_check(tok, truth: Trajectory, want: int, imp: Trajectory, got: int, rerender: bool = False) -> dict[str, Any]:
     """The imported call's rendering against the ids the gateway fed the model (rendered, where it did not
-    record them)."""
-    sent = truth.calls[want].context_tokens
+    record them or ``rerender`` asks: a tokenizer other than the one the gateway served)."""
+    sent = None if rerender else truth.calls[want].context_tokens
     sent = list(sent) if sent is not None else prompt_ids(tok, truth, want)
     mine = prompt_ids(tok, imp, got)
     first = next((k for k, (a, b) in enumerate(zip(sent, mine, strict=False)) if a != b), min(len(sent), len(mine)))
@@ -156,7 +156,7 @@ def token_check(tok, truth: Trajectory, want: int, imp: Trajectory, got: int) ->
 
 
 def compare(harness: str, out_dir: Path, log: Path, options: ImportOptions | None = None,
-            tokenizer: Any = None) -> dict[str, Any]:
+            tokenizer: Any = None, rerender: bool = False) -> dict[str, Any]:
     captured = [Trajectory.model_validate(json.loads(line))
                 for line in (Path(out_dir) / "trajectories.jsonl").read_text().splitlines() if line.strip()]
     truth = next(t for t in captured if "/side-" not in t.id)
@@ -190,7 +190,8 @@ def compare(harness: str, out_dir: Path, log: Path, options: ImportOptions | Non
                              difference=diff, difference_without_system=diff_ns,
                              captured_units=len(a), imported_units=len(b))
                 if tokenizer is not None:
-                    entry.update(token_check(tokenizer, truth, truth.calls.index(wc), imp, imp.calls.index(got[k])))
+                    entry.update(token_check(tokenizer, truth, truth.calls.index(wc), imp, imp.calls.index(got[k]),
+                                             rerender))
             row["calls"].append(entry)
         row.setdefault("unmatched_imported", 0)
         row["unmatched_imported"] += max(0, len(got) - len(want))
@@ -231,6 +232,9 @@ def main() -> None:
                     help="importer name (claude-code, codex, opencode), gateway output dir, the harness's own log")
     ap.add_argument("--tokenizer", help="also compare token for token, rendered by this tokenizer's chat template "
                     "(the one the gateway served)")
+    ap.add_argument("--chat-template", help="with --tokenizer: render with this template (a file or a shipped name)")
+    ap.add_argument("--rerender", action="store_true", help="render the captured contexts too, with --tokenizer "
+                    "(for a tokenizer other than the one the gateway served: a real vocabulary beside the kit's)")
     ap.add_argument("--tools", action="append", default=[], metavar="HARNESS=SPEC",
                     help="that importer's --tools (a shipped set's name or a JSON file)")
     ap.add_argument("--json", type=Path, help="write every row (with each call's first difference) here")
@@ -239,13 +243,17 @@ def main() -> None:
     tok = None
     if args.tokenizer:
         from transformers import AutoTokenizer
+
+        from memorywalker.render.chat_templates import use_chat_template
+
         tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        use_chat_template(tok, args.chat_template)
     from memorywalker.importers.tools import load_tool_set
     options = {}
     for pair in args.tools:
         harness, _, spec = pair.partition("=")
         options[harness] = ImportOptions(tools=load_tool_set(spec))
-    rows = [compare(h, Path(o), Path(log), options.get(h), tok) for h, o, log in args.case]
+    rows = [compare(h, Path(o), Path(log), options.get(h), tok, args.rerender) for h, o, log in args.case]
     print(table(rows))
     if args.details:
         for r in rows:

@@ -1,11 +1,17 @@
-"""Capture → SFT → RL inside a real harness, offline on the CPU: the whole pipeline with a kit model.
+"""Capture → SFT → RL inside a real harness, offline on the CPU: the whole pipeline with a kit model, or a
+real model served with a tool template.
 
     MEMORYWALKER_HARNESS_BIN=.../node_modules/.bin python scripts/harness_rl.py --out runs/harness-rl
+    MEMORYWALKER_HARNESS_BIN=... python scripts/harness_rl.py --model smollm2-135m --chat-template chatml \
+        --harness codex --compact-at 6700 --filler-lines 40 --tasks 1 --sft-steps 8 --sft-lr 2e-4 --out runs/harness-rl-smollm2
 
 1. **Capture.** Each task of a 2-task file runs once in the real harness (OpenCode by default) against
    the gateway with a scripted backend (read the task's file, write the answer, say done; the
    harness's compaction request answered with a summary), its auto-compaction moved low so the read
-   pushes the session past it. The kit model (Llama, 65,536 positions) scores every scripted response.
+   pushes the session past it. The model scores every scripted response: by default a kit Llama of 65,536
+   positions; ``--model`` a real one (SmolLM2-135M: 8,192 positions, a 49,152-token vocabulary, served under
+   ``--chat-template chatml`` because its own template renders no tools; Codex's first prompt is 6,381 of
+   its positions, so the task's file is short and the compaction point sits between that and the window).
 2. **SFT.** The kit model is trained (``radix``, exact) on the captured main lines until it emits the
    task's tool calls: after training, every captured act call's response is decoded greedily from its
    recorded context and compared with the scripted one (``emitted_calls``).
@@ -16,7 +22,7 @@
    after step 0 for step 1): the max |Δ| must be at the fp32 floor, which proves the weight sync.
 
 Writes ``results.json`` and ``table.md`` under ``--out``. The reward may stay low: a 2-layer model of
-hidden 64 copies what it was shown; the check is the pipeline.
+hidden 64 copies what it was shown, and two GRPO steps move nothing measurable; the check is the pipeline.
 """
 
 from __future__ import annotations
@@ -30,14 +36,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from harness_sessions import COMPACT_AT  # noqa: E402 — where each harness compacts for the kit tokenizer
 
-FILLER = "".join(f"line {i}: nothing to see here\n" for i in range(150))
 TASKS = [("seven", "notes.txt", "answer.txt", "7"), ("nine", "data.txt", "result.txt", "9")]
 
 
-def task_file(out: Path) -> Path:
+def task_file(out: Path, tasks=TASKS, filler_lines: int = 150) -> Path:
+    filler = "".join(f"line {i}: nothing to see here\n" for i in range(filler_lines))
     rows = [{"id": tid, "prompt": f"Read {src} and write the number in it to {dst}.",
-             "files": {src: FILLER + f"The number is {n}.\n"}, "verifier": f"[ -f {dst} ] && grep -qx {n} {dst}", "deadline": 300}
-            for tid, src, dst, n in TASKS]
+             "files": {src: filler + f"The number is {n}.\n"}, "verifier": f"[ -f {dst} ] && grep -qx {n} {dst}", "deadline": 600}
+            for tid, src, dst, n in tasks]
     path = out / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -64,7 +70,8 @@ def script_for(harness: str, src: str, dst: str, n: str) -> str:
                       f"  - match: {match}", f'    text: "{summary}"', ""])
 
 
-def capture(out: Path, harness: str, kit: Path, tasks_path: Path, bin_dir: str | None):
+def capture(out: Path, harness: str, model: str, tok: str | None, tasks_path: Path, bin_dir: str | None,
+            compact_at: int, chat_template: str | None):
     """One scripted session per task through the gateway; the main lines and the session rows."""
     from memorywalker.cli.gateway_cmd import build_gateway
     from memorywalker.gateway.harnesses import sandbox_available
@@ -74,14 +81,14 @@ def capture(out: Path, harness: str, kit: Path, tasks_path: Path, bin_dir: str |
 
     tasks, _ = read_tasks(tasks_path)
     mains, rows = [], []
-    for task, (_, src, dst, n) in zip(tasks, TASKS, strict=True):
+    for task, (_, src, dst, n) in zip(tasks, TASKS, strict=False):
         script = out / f"script-{task.id}.yaml"
         script.write_text(script_for(harness, src, dst, n))
-        gw = build_gateway(str(kit / "model"), f"scripted:{script}", out / "capture" / task.id,
-                           tokenizer=str(kit / "tok"), harness=harness)
+        gw = build_gateway(model, f"scripted:{script}", out / "capture" / task.id, tokenizer=tok, harness=harness,
+                           chat_template=chat_template)
         with BackgroundServer(gw) as url:
             (r,) = run_sessions(gw, url, [SessionJob(task, 0, f"capture-{task.id}")], harness, model="kit",
-                                deadline_s=300, compact_tokens=COMPACT_AT[harness], bin_dir=bin_dir,
+                                deadline_s=600, compact_tokens=compact_at, bin_dir=bin_dir,
                                 sandbox=sandbox_available() is not None, workroot=out / "capture" / "work")
         if r.main is None:
             raise RuntimeError(f"capture of {task.id} made no call: {r.failed}: {r.harness_output[-500:]}")
@@ -90,7 +97,7 @@ def capture(out: Path, harness: str, kit: Path, tasks_path: Path, bin_dir: str |
     return mains, rows
 
 
-def emitted_calls(model_dir: Path, tok_dir: Path, trajectories) -> tuple[int, int]:
+def emitted_calls(model_dir: Path, trajectories) -> tuple[int, int]:
     """(act calls whose greedy response equals the recorded one, act calls): does the model emit them?"""
     from memorywalker.samplers.hf import HFPolicy
 
@@ -137,46 +144,67 @@ def reference_gap(model_dir: str | Path, weights_dir: Path | None, records: Path
 
 
 def main() -> None:
+    from transformers import AutoTokenizer
+
     from memorywalker.modelkit.build import build_model, build_tokenizer
     from memorywalker.recipes.rl import RLConfig
     from memorywalker.recipes.rl import train as rl_train
     from memorywalker.recipes.sft import SFTConfig
     from memorywalker.recipes.sft import train as sft_train
+    from memorywalker.train.model import resolve_dirs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/harness-rl"))
     ap.add_argument("--harness", default="opencode", choices=sorted(COMPACT_AT))
+    ap.add_argument("--model", default=None, help="a model dir or packaged name (default: a kit Llama of 65,536 positions)")
+    ap.add_argument("--chat-template", default=None, help="serve and train under this template (FILE or shipped NAME)")
+    ap.add_argument("--compact-at", type=int, default=None, help="the harness's compaction point in prompt tokens "
+                    "(default: the kit tokenizer's, scripts/harness_sessions.py)")
+    ap.add_argument("--filler-lines", type=int, default=150, help="lines before the number in the task's file")
+    ap.add_argument("--tasks", type=int, default=2, choices=range(1, len(TASKS) + 1), help="tasks (GRPO groups per step)")
     ap.add_argument("--sft-steps", type=int, default=120)
     ap.add_argument("--sft-lr", type=float, default=1e-2)
     ap.add_argument("--rl-steps", type=int, default=2)
+    ap.add_argument("--rl-lr", type=float, default=1e-4)
     ap.add_argument("--group", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--bin", default=None, help="the harness binary's dir (default: $MEMORYWALKER_HARNESS_BIN, PATH)")
     args = ap.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    kit = out / "kit"
-    if not (kit / "model" / "config.json").exists():
-        build_model(kit / "model", build_tokenizer(kit / "tok"), max_positions=65536)
+    if args.model is None:
+        kit = out / "kit"
+        if not (kit / "model" / "config.json").exists():
+            build_model(kit / "model", build_tokenizer(kit / "tok"), max_positions=65536)
+        model_dir, tok_dir, served = kit / "model", kit / "tok", "kit"
+    else:
+        model_dir, tok_dir = resolve_dirs(args.model)
+        served = Path(args.model).name
+    compact_at = args.compact_at or COMPACT_AT[args.harness]
+    tasks = TASKS[:args.tasks]
     times = {}
 
     t0 = time.monotonic()
-    tasks_path = task_file(out)
-    mains, capture_rows = capture(out, args.harness, kit, tasks_path, args.bin)
+    tasks_path = task_file(out, tasks, args.filler_lines)
+    mains, capture_rows = capture(out, args.harness, str(model_dir), str(tok_dir), tasks_path, args.bin, compact_at,
+                                  args.chat_template)
     times["capture"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    sft = sft_train(SFTConfig(model=str(kit / "model"), tokenizer=str(kit / "tok"), run_dir=str(out / "sft"),
+    sft = sft_train(SFTConfig(model=str(model_dir), tokenizer=str(tok_dir), run_dir=str(out / "sft"),
                               method="radix", steps=args.sft_steps, batch_size=len(mains), lr=args.sft_lr,
-                              save_every=args.sft_steps), trajectories=mains, progress=False)
+                              save_every=args.sft_steps, chat_template=args.chat_template),
+                    trajectories=mains, progress=False)
     times["sft"] = time.monotonic() - t0
-    hits, total = emitted_calls(sft.final_dir, kit / "tok", mains)
+    hits, total = emitted_calls(sft.final_dir, mains)
 
     t0 = time.monotonic()
-    rl = rl_train(RLConfig(model=str(sft.final_dir), tokenizer=str(kit / "tok"), run_dir=str(out / "rl"),
-                           tasks=str(tasks_path), harness=args.harness, compact_at=COMPACT_AT[args.harness],
-                           harness_bin=args.bin, prompts_per_step=len(TASKS), group_size=args.group,
-                           steps=args.rl_steps, lr=1e-4, max_new_tokens=256, save_every=1,
-                           keep_checkpoints=args.rl_steps + 1, deadline=300, served_model="kit"), progress=False)
+    rl = rl_train(RLConfig(model=str(sft.final_dir), tokenizer=str(tok_dir), run_dir=str(out / "rl"),
+                           tasks=str(tasks_path), harness=args.harness, compact_at=compact_at,
+                           harness_bin=args.bin, prompts_per_step=len(tasks), group_size=args.group,
+                           steps=args.rl_steps, lr=args.rl_lr, max_new_tokens=args.max_new_tokens, save_every=1,
+                           keep_checkpoints=args.rl_steps + 1, deadline=600, served_model=served,
+                           chat_template=args.chat_template), progress=False)
     times["rl"] = time.monotonic() - t0
 
     steps = []
@@ -188,10 +216,11 @@ def main() -> None:
                       "failed_reasons": m["failed_reasons"], "reward_mean": m["reward_mean"],
                       "calls_per_session": m["calls_per_session"], "compactions_per_session": m["compactions_per_session"],
                       "branches": [s["branches"] for s in sessions], "trainer_gap_mean": m.get("logprob_abs_diff"),
-                      "reference_gap": reference_gap(kit / "model", weights, out / "rl" / "rollouts" / f"step-{step}.jsonl"),
+                      "reference_gap": reference_gap(model_dir, weights, out / "rl" / "rollouts" / f"step-{step}.jsonl"),
                       "trajectory_ids": [i for s in sessions for i in s["trajectories"]]})
     ids = [i for s in steps for i in s["trajectory_ids"]]
-    results = {"harness": args.harness, "capture": capture_rows, "sft_steps": args.sft_steps,
+    results = {"harness": args.harness, "model": served, "chat_template": args.chat_template,
+               "vocabulary": len(AutoTokenizer.from_pretrained(tok_dir)), "compact_at": compact_at, "capture": capture_rows, "sft_steps": args.sft_steps,
                "sft_loss_last": sft.metrics[-1]["loss"], "emitted_calls": [hits, total], "steps": steps,
                "unique_trajectories": len(set(ids)) == len(ids), "seconds": {k: round(v, 1) for k, v in times.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=2))

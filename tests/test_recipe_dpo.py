@@ -56,13 +56,14 @@ def check_manifest(run_dir: Path, kit, inputs: list[Path]) -> dict:
     return m
 
 
-def test_dpo_run_admits_pairs_learns_and_writes_its_manifest(kit, tmp_path):
+def test_dpo_run_admits_pairs_learns_and_writes_its_manifest(kit, tmp_path, capsys):
     """The reference is the policy as loaded, so step 0 has margin 0 and loss log 2 = 0.693147; the
     full-batch steps raise the margin. The pair across two tasks and the pair naming a missing record
-    are rejected with their reasons."""
+    are rejected with their reasons. Every call of the 5 records has a target: none left out."""
     data, pairs = write_inputs(tmp_path)
     run = tmp_path / "run"
     res = dpo.train(dpo_cfg(kit, run, data, pairs, steps=3), progress=False)
+    assert f"dpo: calls left out: none of {sum(len(t.calls) for t in records())}" in capsys.readouterr().out
     curve = [m["loss"] for m in res.metrics]
     assert curve[0] == pytest.approx(math.log(2), abs=1e-6)
     assert res.metrics[0]["margin"] == pytest.approx(0.0, abs=1e-6)

@@ -36,6 +36,8 @@ FAMILIES = {
                                     "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
                                     "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"],
                     "<｜end▁of▁sentence｜>"),
+    "harmony": ("harmony", ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+                            "<|constrain|>"], "<|return|>"),
     "hermes": (None, [], "<|im_end|>"),
 }
 TOOLS = [ToolSchema(name="read", description="Read a file.", parameters={
@@ -87,6 +89,8 @@ def test_a_rendered_response_parses_back_to_the_same_message(renderers, family, 
     content, calls = SHAPES[shape]
     if family == "llama3_json" and content:
         pytest.skip("Llama 3.1's template renders a tool-call turn without its text")
+    if family == "harmony" and len(calls) > 1:
+        pytest.skip("harmony writes one call per message and the sampler stops at its <|call|>")
     message = Message(id="a", role="assistant", content=content,
                       tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)])
     tools = schemas_to_hf(TOOLS)
@@ -99,6 +103,26 @@ def test_a_rendered_response_parses_back_to_the_same_message(renderers, family, 
     assert renderer.response_text(CONTEXT, tools, again) == text
     assert renderer.tok(text, add_special_tokens=False)["input_ids"] == renderer.tok(
         renderer.response_text(CONTEXT, tools, again), add_special_tokens=False)["input_ids"]
+
+
+def test_harmony_ends_a_response_at_its_call_or_its_answer_not_at_a_message_end(tokenizer):
+    """Under harmony <|end|> closes the analysis message inside a response: the end-of-turn set is the
+    tokenizer's eos <|return|> plus <|call|> (and <|endoftext|>, which the kit has), never <|end|>; under
+    ChatML the same tokenizer ends a turn at <|end|> too (KNOWN_EOT). So the response of a call with
+    reasoning runs through both messages: analysis, then the call, its <|call|> stripped."""
+    import copy
+
+    harmony = Renderer(family_tokenizer(tokenizer, "harmony"))
+    names = set(harmony.tok.convert_ids_to_tokens(sorted(harmony.eot_ids)))
+    assert names == {"<|return|>", "<|call|>", "<|endoftext|>"}
+    chatml = copy.deepcopy(harmony.tok)
+    chatml.chat_template = tokenizer.chat_template
+    assert "<|end|>" in chatml.convert_ids_to_tokens(sorted(Renderer(chatml).eot_ids))
+    message = Message(id="a", role="assistant", content="", reasoning="Look first.",
+                      tool_calls=[ToolCall(id="c", name="read", arguments={"path": "a"})])
+    assert harmony.response_text(CONTEXT, schemas_to_hf(TOOLS), message) == (
+        '<|channel|>analysis<|message|>Look first.<|end|><|start|>assistant<|channel|>commentary '
+        'to=functions.read <|constrain|>json<|message|>{"path": "a"}')
 
 
 def test_a_value_the_template_writes_as_text_stays_the_text_it_was():
@@ -124,6 +148,9 @@ def test_a_value_the_template_writes_as_text_stays_the_text_it_was():
     ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read\n{\"path\": \"a\"}"
                     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "malformed"),
     ("llama3_json", '{"name": "read", "parameters": {"path": "a"}} and then', "malformed"),
+    ("harmony", "<|channel|>commentary to=functions.read<|message|>{\"path\": \"a\"}", "do not re-render"),
+    ("harmony", "<|channel|>final<|message|>4.<|end|><|start|>assistant<|channel|>", "malformed"),
+    ("harmony", "<|channel|>commentary to=browser.open <|constrain|>json<|message|>{}", "malformed"),
 ])
 def test_a_response_off_the_template_is_served_as_text_with_the_reason(renderers, family, text, why):
     calls, content, _, error = exact_parse(renderers[family], family, CONTEXT, schemas_to_hf(TOOLS), text, _ids())
@@ -144,7 +171,7 @@ def test_the_format_comes_from_the_template_or_is_named(tokenizer, tmp_path):
     assert Gateway(renderer, None, tmp_path, model_name="m", max_positions=64, tool_parser="hermes").tool_parser == "hermes"
     with pytest.raises(InputError, match="--tool-parser nope: not a known tool-call format"):
         Gateway(renderer, None, tmp_path, model_name="m", max_positions=64, tool_parser="nope")
-    assert set(FORMATS) == {"qwen3_coder", "glm45", "mistral", "deepseek_v3", "llama3_json", "hermes", "text"}
+    assert set(FORMATS) == {"qwen3_coder", "glm45", "mistral", "deepseek_v3", "llama3_json", "harmony", "hermes", "text"}
 
 
 @pytest.mark.parametrize("template,family", [("qwen3-coder", "qwen3_coder"), ("glm45", "glm45")])
@@ -189,7 +216,7 @@ def test_a_chat_template_is_a_shipped_name_or_a_jinja_file(tmp_path):
     from memorywalker.errors import InputError
     from memorywalker.render.chat_templates import NAMES, load_chat_template
 
-    assert set(NAMES) == {"chatml", "qwen3", "qwen3-coder", "llama3-json", "mistral", "glm45", "deepseek-v3"}
+    assert set(NAMES) == {"chatml", "qwen3", "qwen3-coder", "llama3-json", "mistral", "glm45", "deepseek-v3", "harmony"}
     f = tmp_path / "t.jinja"
     f.write_text("{{ messages[0].content }}")
     text, label = load_chat_template(f)
@@ -206,17 +233,27 @@ REASONING_SCRIPT = ('steps:\n  - reasoning: "The notes first."\n    text: "Readi
                     '  - reasoning: "It says hello."\n    text: "Done: hello."\n')
 
 
-@pytest.fixture()
-def thinking_gateway(kit, tmp_path):
-    """The kit model (ChatML; its template writes an assistant turn's reasoning as a leading <think> block)
-    answering with a script whose steps carry reasoning: what a Qwen3-style model samples."""
+@pytest.fixture(params=["chatml", "harmony"])
+def thinking_gateway(kit, tokenizer, tmp_path, request):
+    """A model answering with a script whose steps carry reasoning: the kit model under ChatML (its template
+    writes an assistant turn's reasoning as a leading <think> block: what a Qwen3-style model samples), and a
+    kit model under the harmony template with harmony's special tokens (the analysis channel: gpt-oss)."""
     from memorywalker.cli.gateway_cmd import build_gateway
     from memorywalker.gateway.server import BackgroundServer
+    from memorywalker.modelkit.build import build_model
     from memorywalker.records import read_trajectories
 
     script = tmp_path / "script.yaml"
     script.write_text(REASONING_SCRIPT)
-    gw = build_gateway(str(kit[1]), f"scripted:{script}", tmp_path / "out", tokenizer=str(kit[0]))
+    if request.param == "harmony":
+        tok_dir, model_dir = tmp_path / "tok", tmp_path / "model"
+        family_tokenizer(tokenizer, "harmony").save_pretrained(tok_dir)
+        build_model(model_dir, tok_dir, max_positions=4096)
+    else:
+        tok_dir, model_dir = kit
+    gw = build_gateway(str(model_dir), f"scripted:{script}", tmp_path / "out", tokenizer=str(tok_dir),
+                       chat_template=request.param if request.param == "harmony" else None)
+    assert gw.tool_parser == {"chatml": "hermes", "harmony": "harmony"}[request.param]
     server = BackgroundServer(gw)
     url = server.start()
 

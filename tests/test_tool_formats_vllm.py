@@ -4,7 +4,9 @@ For every family both know (``qwen3_coder``, ``llama3_json``, ``mistral``, ``glm
 ``hermes``: vLLM's ``--tool-call-parser`` names), each response shape of test_tool_formats.py is rendered
 by the family's template, and the text is given to vLLM's parser (``ToolParserManager``, with a
 ChatCompletionRequest offering the tools) and to ours: the same tool names and the same arguments, and
-the same text beside them (vLLM strips it). Runs in the vLLM venv (``pytest -m vllm``, .ci/run).
+the same text beside them (vLLM strips it). gpt-oss's harmony is read by vLLM's ``HarmonyParser`` (the
+``openai`` tool parser with the ``openai_gptoss`` reasoning parser, over openai_harmony's own parser and
+o200k vocabulary): the same reasoning, content and calls. Runs in the vLLM venv (``pytest -m vllm``, .ci/run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _vllm_parser(family: str, tok, request):
         return cls(tok)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "harmony"])  # harmony: its own test, below
 def test_vllm_parses_the_same_calls_from_every_shape(tokenizer, family):
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
@@ -55,3 +57,32 @@ def test_vllm_parses_the_same_calls_from_every_shape(tokenizer, family):
         assert our_content.strip() == (theirs.content or "").strip(), text
         compared += 1
     assert compared >= 4
+
+
+def test_vllm_harmony_reads_the_same_reasoning_content_and_calls(tokenizer):
+    """Each single-call shape, with and without reasoning, and a final answer with reasoning, rendered by the
+    harmony template; vLLM is given the text encoded by harmony's own vocabulary with the stop token the
+    sampler saw (<|call|> after a call, <|return|> after an answer; the gateway strips it before parsing)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+    from vllm.parser.parser_manager import ParserManager
+
+    tok = family_tokenizer(tokenizer, "harmony")
+    renderer, tools = Renderer(tok), schemas_to_hf(TOOLS)
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Go."}], tools=tools)
+    harmony = ParserManager.get_parser(tool_parser_name="openai", reasoning_parser_name="openai_gptoss",
+                                       enable_auto_tools=True, is_harmony=True)
+    shapes = [(c, k, r) for c, k in SHAPES.values() if len(k) == 1 for r in (None, "Read it first.")]
+    shapes += [("The answer is 4.", [], "Two and two.")]
+    for content, calls, reasoning in shapes:
+        message = Message(id="a", role="assistant", content=content, reasoning=reasoning,
+                          tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)])
+        text = renderer.response_text(CONTEXT, tools, message)
+        ours, our_content, our_reasoning, error = exact_parse(renderer, "harmony", CONTEXT, tools, text, lambda: "c0")
+        ids = get_encoding().encode(text + ("<|call|>" if calls else "<|return|>"), allowed_special="all")
+        their_reasoning, their_content, theirs = harmony(tok, request.tools).parse(
+            text, request, enable_auto_tools=True, model_output_token_ids=ids)
+        assert error is None, text
+        assert [(c.name, c.arguments) for c in ours] == [(c.name, json.loads(c.arguments)) for c in theirs or []], text
+        assert (our_content or None, our_reasoning) == (their_content, their_reasoning), text
+    assert len(shapes) == 9

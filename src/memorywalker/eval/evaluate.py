@@ -13,6 +13,7 @@ base, tokenizer and template hashes, decoding, compressor, environment). docs/ev
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,8 @@ def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *,
             out: Path) -> dict[str, dict]:
     """Greedy episodes of ``tasks`` under each harness (in lockstep), written to ``OUT-<harness>.jsonl``
     (``memorywalker gap`` re-measures them): the reward per task, the mean evictions, and ``method``'s
-    train/rollout gap on them (overall, heavy, floor, by branches). The demo's evaluation."""
+    train/rollout gap on them (overall, heavy, floor, by branches) and the calls it left out, by reason.
+    The demo's evaluation."""
     from memorywalker.metrics.gap import gap_report  # lazy: pulls torch
 
     renderer = Renderer(tokenizer, RenderOptions(truncated="prefix"))
@@ -186,13 +188,15 @@ def heldout(model, tokenizer, env, harnesses: dict, tasks: list, method: str, *,
         jobs = [EpisodeJob(t, call_seed(seed + 1, t.id), f"{t.id}-{name}") for t in tasks]
         episodes = play(env, jobs, policy, tokenizer, h, lockstep=True)
         write_trajectories(out.with_name(f"{out.name}-{name}.jsonl"), episodes)
-        gap = gap_report(model, renderer, episodes, [method], drift=False)[method]
+        left_out = Counter()
+        gap = gap_report(model, renderer, episodes, [method], drift=False, left_out=left_out)[method]
         result[name] = {
             "rewards": [float(t.reward or 0.0) for t in episodes],
             "evictions": float(np.mean([len(t.evictions) for t in episodes])),
             "gap": gap["overall"]["logprob_abs_diff"], "gap_heavy": gap["heavy"]["logprob_abs_diff"],
             "gap_floor": gap["floor"]["logprob_abs_diff"], "targets": gap["overall"]["targets"],
             "gap_by_branches": {k: v["logprob_abs_diff"] for k, v in gap["by_branches"].items()},
+            "calls_left_out": dict(sorted(left_out.items())),
         }
     return result
 

@@ -42,6 +42,7 @@ from memorywalker.objectives.normalize import reduce_denominator
 from memorywalker.objectives.preference import dpo_loss
 from memorywalker.render import Renderer
 from memorywalker.render.chat_templates import use_chat_template
+from memorywalker.render.types import calls_left_out, left_out_line
 from memorywalker.train.adapter import (
     engine_model,
 )
@@ -214,6 +215,8 @@ def _train(cfg: DPOConfig, *, pairs, trajectories, progress: bool) -> TrainResul
             f.writelines(json.dumps(r) + "\n" for r in rejected)
         print(f"dpo: {len(pairs)} pairs: {len(admitted)} admitted, {len(rejected)} rejected"
               + (f" (reasons in {run_dir / 'pair_rejects.jsonl'})" if rejected else ""))
+        print(f"dpo: {left_out_line(calls_left_out(rendered.values()), sum(len(r.calls) for r in rendered.values()), cfg.truncated)}",
+              flush=True)
     if not admitted:
         raise InputError(f"dpo: no admitted pair among {len(pairs)}"
                          + (f"; first rejection: {rejected[0]['reason']}" if rejected else ""))

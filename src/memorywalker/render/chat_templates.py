@@ -3,7 +3,7 @@ and ``chat_template=`` (the recipes).
 
 A NAME is one of the templates shipped here: ``chatml`` and ``qwen3`` (the kit's: ChatML turns, Hermes-style
 ``<tool_call>`` JSON), or a family's tool-call form in its turns (``memorywalker/data/chat-templates/``:
-``qwen3-coder``, ``llama3-json``, ``mistral``, ``glm45``, ``deepseek-v3``). Use it for a model whose own
+``qwen3-coder``, ``llama3-json``, ``mistral``, ``glm45``, ``deepseek-v3``, ``harmony``). Use it for a model whose own
 template renders no tools (SmolLM2 under ``chatml``), or one whose template drops what the harness sends.
 The records say which template rendered them: ``meta.chat_template`` is the name or path and the first 12
 hex digits of the text's sha256 (``model's own`` when none was given).
@@ -22,7 +22,7 @@ from pathlib import Path
 from memorywalker.errors import InputError
 from memorywalker.modelkit.templates import TEMPLATES
 
-FAMILY_TEMPLATES = ("qwen3-coder", "llama3-json", "mistral", "glm45", "deepseek-v3")
+FAMILY_TEMPLATES = ("qwen3-coder", "llama3-json", "mistral", "glm45", "deepseek-v3", "harmony")
 NAMES = (*TEMPLATES, *FAMILY_TEMPLATES)
 
 

@@ -39,6 +39,9 @@ from memorywalker.render.types import (
 
 # End-of-turn tokens of common chat templates, used in addition to the tokenizer's eos token.
 KNOWN_EOT = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|return|>")
+# Under a harmony template (gpt-oss) <|end|> closes a message inside a response (its analysis, a preamble):
+# a response ends at its call or its final answer.
+HARMONY_EOT = ("<|return|>", "<|call|>", "<|endoftext|>")
 
 
 @dataclass
@@ -56,12 +59,15 @@ class RenderOptions:
 
 
 def eot_ids(tokenizer, extra: tuple[str, ...] = ()) -> frozenset[int]:
-    """End-of-turn token ids: eos, the :data:`KNOWN_EOT` tokens the tokenizer has as specials, and ``extra``
-    (configured ``eot_tokens``, special or not). The one definition the renderer, the samplers' stop ids
-    and the compressors' episode loop share."""
+    """End-of-turn token ids: eos, the :data:`KNOWN_EOT` tokens the tokenizer has as specials (the
+    :data:`HARMONY_EOT` ones under a harmony chat template), and ``extra`` (configured ``eot_tokens``, special
+    or not). The one definition the renderer, the samplers' stop ids and the compressors' episode loop share."""
     vocab, specials = tokenizer.get_vocab(), set(tokenizer.all_special_tokens)
+    template = getattr(tokenizer, "chat_template", None)
+    known = HARMONY_EOT if isinstance(template, str) and "<|channel|>" in template else KNOWN_EOT
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    ids |= {vocab[t] for t in KNOWN_EOT if t in vocab and t in specials}
+    ids -= {vocab.get("<|end|>")} if known is HARMONY_EOT else set()
+    ids |= {vocab[t] for t in known if t in vocab and t in specials}
     ids |= {vocab[t] for t in extra if t in vocab}
     return frozenset(ids)
 

@@ -8,7 +8,10 @@ tool calls, the way that family's chat template renders them.
 * ``mistral``: ``[TOOL_CALLS]NAME[ARGS]{...}`` per call (v11+), or ``[TOOL_CALLS][{"name", "arguments"}, ...]``;
 * ``glm45``: ``<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>``;
 * ``deepseek_v3``: ``<｜tool▁calls▁begin｜>``, then per call ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
-  and a ```` ```json ```` block closed by ``<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``.
+  and a ```` ```json ```` block closed by ``<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``;
+* ``harmony`` (gpt-oss): messages on channels, ``<|channel|>analysis<|message|>REASONING<|end|>``, then
+  ``<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`` (a call; the
+  sampler stops at its ``<|call|>``) or ``...<|channel|>final<|message|>ANSWER``: the reasoning is the format's.
 
 A parser is lenient about what it accepts; whether a parse is *exact* is decided by rendering it back
 with the served template (:meth:`memorywalker.render.Renderer.response_text`): the gateway serves tool
@@ -63,11 +66,11 @@ def _typed(raw: str) -> Any:
         return raw
 
 
-def _expand(content: str, calls: list[tuple[str, list[dict[str, Any]]]]) -> Candidates:
+def _expand(content: str, calls: list[tuple[str, list[dict[str, Any]]]], reasoning: str | None = None) -> Candidates:
     """One candidate per content variant x argument variant (each call's variants in order)."""
     n = max((len(v) for _, v in calls), default=1)
     variants = [[(name, v[min(k, len(v) - 1)]) for name, v in calls] for k in range(n)]
-    return [ParsedResponse(c, list(v), None) for c in _contents(content) for v in variants]
+    return [ParsedResponse(c, list(v), None, reasoning) for c in _contents(content) for v in variants]
 
 
 def parse_hermes(text: str) -> Candidates:
@@ -213,6 +216,43 @@ def parse_deepseek_v3(text: str) -> Candidates:
     return _expand(text[:start], calls)
 
 
+_HARMONY_HEADER = re.compile(r"<\|channel\|>(\w+)(?: to=([^\s<]+))? ?(?:<\|constrain\|>(\w+))?<\|message\|>")
+_HARMONY_NEXT = "<|end|><|start|>assistant"
+
+
+def parse_harmony(text: str) -> Candidates:
+    """A harmony response (after the prompt's ``<|start|>assistant``, without its last ``<|call|>`` or
+    ``<|return|>``): analysis messages are the reasoning, final and commentary messages without a recipient
+    the content, a ``to=functions.NAME`` message a call with its body as the arguments.
+
+    >>> [(c.reasoning, c.content, c.tool_calls) for c in parse_harmony(
+    ...     '<|channel|>analysis<|message|>Look first.<|end|><|start|>assistant<|channel|>commentary '
+    ...     'to=functions.ls <|constrain|>json<|message|>{"path": "/tmp"}')][:1]
+    [('Look first.', '', [('ls', {'path': '/tmp'})])]
+    """
+    if not text.startswith("<|channel|>"):
+        return _no_call(text)
+    pos, reasoning, content, calls = 0, [], [], []
+    while True:
+        m = _HARMONY_HEADER.match(text, pos)
+        if m is None or (m.group(2) and not m.group(2).startswith("functions.")):
+            return _malformed(text, pos)
+        end = text.find(_HARMONY_NEXT, m.end())
+        body = text[m.end():end if end >= 0 else len(text)]
+        if m.group(2):
+            calls.append((m.group(2)[len("functions."):], [arguments_from_text(body)]))
+        elif m.group(1) == "analysis":
+            reasoning.append(body)
+        elif m.group(1) in ("final", "commentary"):
+            content.append(body)
+        else:
+            return _malformed(text, pos)
+        if end < 0:
+            break
+        pos = end + len(_HARMONY_NEXT)
+    return _expand("\n".join(content), calls, "\n".join(reasoning) if reasoning else None)
+
+
 def parse_text(text: str) -> Candidates:
     """For templates with no tool-call syntax known here: the response is text."""
     return _no_call(text)
@@ -220,6 +260,7 @@ def parse_text(text: str) -> Candidates:
 
 # name -> (parser, a string only that family's templates contain), most specific first
 FORMATS: dict[str, tuple[Callable[[str], Candidates], str | None]] = {
+    "harmony": (parse_harmony, "<|channel|>"),
     "qwen3_coder": (parse_qwen3_coder, "<function="),
     "glm45": (parse_glm45, "<arg_key>"),
     "mistral": (parse_mistral, "[TOOL_CALLS]"),
@@ -239,6 +280,7 @@ CALL_HINTS = {
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{<arguments as JSON>}\n```"
                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     "llama3_json": '{"name": NAME, "parameters": {<arguments as JSON>}}',
+    "harmony": "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{<arguments as JSON>}",
     "text": CALL_FORMAT,
 }
 
@@ -306,8 +348,9 @@ def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[st
                 new_id: Callable[[], str]) -> tuple[list[ToolCall], str, str | None, str | None]:
     """(tool calls, content, reasoning, error) of a sampled ``text`` after ``messages``: the first reading —
     a leading ``<think>`` block as reasoning (:func:`reasoning_splits`), then a candidate of format ``fmt``
-    for the rest — whose message ``renderer`` re-renders to ``text`` exactly; else no calls, the text, no
-    reasoning, and why (None when the response holds no tool call)."""
+    for the rest (with its own reasoning where the format marks one: harmony) — whose message ``renderer``
+    re-renders to ``text`` exactly; else no calls, the text, no reasoning, and why (None when the response
+    holds no tool call)."""
     rendered: Callable[[Message], str | None] | None = None  # the context's prompt, rendered once when needed
 
     def exact(content: str, reasoning: str | None, calls: list[ToolCall]) -> bool:
@@ -326,11 +369,13 @@ def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[st
         usable = [c for c in candidates if all(isinstance(a, dict) for _, a in c.tool_calls)]
         for c in usable:
             calls = [ToolCall(id=new_id(), name=n, arguments=a) for n, a in c.tool_calls]
-            if exact(c.content, reasoning, calls):
-                return calls, c.content, reasoning, None
+            said = c.reasoning if c.reasoning is not None else reasoning
+            if exact(c.content, said, calls):
+                return calls, c.content, said, None
         if reasoning is None:
             if not usable:
                 return [], text, None, "tool-call arguments are not a JSON object"
-            return [], text, None, (f"the {fmt} tool calls parsed from the response do not re-render to the "
+            what = "tool calls" if candidates[0].tool_calls else "messages"
+            return [], text, None, (f"the {fmt} {what} parsed from the response do not re-render to the "
                                     "sampled text under the served template")
     raise AssertionError("unreachable: the reading without reasoning always returns")

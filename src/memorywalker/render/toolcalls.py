@@ -13,7 +13,7 @@ very text the model sampled. A malformed response becomes a content-only message
 harness returns as an observation; parsing never raises.
 
 >>> parse_response('Notes.\\n<tool_call>\\n{"name": "open", "arguments": {"page": "orvo"}}\\n</tool_call>')
-ParsedResponse(content='Notes.\\n', tool_calls=[('open', {'page': 'orvo'})], error=None)
+ParsedResponse(content='Notes.\\n', tool_calls=[('open', {'page': 'orvo'})], error=None, reasoning=None)
 >>> parse_response("I think it is 42.").error
 'no tool call'
 """
@@ -38,6 +38,7 @@ class ParsedResponse:
     # byte-identically (or is not JSON at all).
     tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
     error: str | None = None  # "no tool call" | "malformed tool call at ..." (then tool_calls is empty)
+    reasoning: str | None = None  # what the format itself marks as reasoning (harmony's analysis channel)
 
 
 def arguments_from_text(raw: str, loads: Callable[[str], Any] = json.loads) -> dict[str, Any] | str:

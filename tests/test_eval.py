@@ -247,15 +247,22 @@ def test_eval_cli_two_checkpoints_report_is_recomputed_from_episodes(two_checkpo
                 assert s["tokens_per_accepted"] is None and "0 accepted, total" in res.output
     assert report["models"]["model"]["pins"]["weights_hash"] != report["models"]["baseline"]["pins"]["weights_hash"]
     for suite in ("lookup", "bridge"):
-        acc = {}
+        acc, tokens = {}, {}
         for label in ("model", "baseline"):
             lines = [json.loads(x) for x in (out / f"{label}-{suite}.jsonl").read_text().splitlines()]
             acc[label] = {t["task"]["id"]: float(t.get("reward") == 1.0) for t in lines}
+            tokens[label] = {t["task"]["id"]: _recompute([t])["tokens"] for t in lines}
         assert acc["model"].keys() == acc["baseline"].keys()  # the same tasks (and seeds) on both sides
         diffs = [acc["model"][t] - acc["baseline"][t] for t in sorted(acc["model"])]
         c = p["suites"][suite]
         assert c["tasks"] == 3 and c["difference"] == pytest.approx(sum(diffs) / 3)
         assert c["ci"][0] <= c["difference"] <= c["ci"][1]
+        # cost is paired too: the tokens each episode spent, model minus baseline, on the same task and seed
+        t = p["secondary"]["tokens"][suite]
+        assert (t["tasks"], t["seeds"]) == (3, 3)
+        assert t["difference"] == pytest.approx(sum(tokens["model"][k] - tokens["baseline"][k] for k in tokens["model"]) / 3)
+        assert t["ci"][0] <= t["difference"] <= t["ci"][1]
+        assert p["secondary"]["turns"][suite]["difference"] == 0.0  # 2 act calls each, both sides
     # the fixed-seed run itself, pinned: greedy 16-token responses of random weights never close a tool
     # call, so every proposal is truncated, nothing is accepted, and the paired difference is 0 [0, 0]
     pinned = {(label, suite): (s["accepted"], s["turns_total"], s["validity"]["truncated_proposal"], s["tokens_total"])
@@ -285,6 +292,39 @@ def test_eval_against_the_expert_pins_a_paired_difference(two_checkpoints, tmp_p
     assert e["validity"]["valid"] == e["proposals"] and e["sfa"] == 1.0 and e["pre"] == 0.0
     c = report["paired"]["suites"]["lookup"]
     assert (c["difference"], c["ci"], c["significant"]) == (-1.0, [-1.0, -1.0], True)
+    # the expert's proposals are all valid: the model's malformed share minus 0, per task
+    share = {}
+    for line in (out / "model-lookup.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        share[t["task"]["id"]] = _recompute([t])["malformed_no_call"] / _recompute([t])["turns"]
+    mal = report["paired"]["secondary"]["malformed"]["lookup"]
+    assert mal["difference"] == pytest.approx(sum(share.values()) / 4)
+
+
+def test_several_seeds_per_task_are_paired_by_seed_and_resampled_within_the_task(two_checkpoints, tmp_path):
+    """--samples 2: each task is played with two seeds, the same two for model and baseline; the paired
+    test pairs them by seed (2 tasks x 2 seeds = 4 pairs) and its estimate is the mean of the per-task means."""
+    from typer.testing import CliRunner
+
+    from memorywalker.cli.main import app
+
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(app, ["eval", "--model", str(two_checkpoints[0]), "--baseline", "expert",
+                                   "--suite", "lookup", "--n", "2", "--samples", "2", "--max-steps", "3",
+                                   "--max-new-tokens", "12", "--resamples", "200", "--no-progress", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    tokens = {}
+    for label in ("model", "baseline"):
+        for line in (out / f"{label}-lookup.jsonl").read_text().splitlines():
+            t = json.loads(line)
+            tokens[label, t["task"]["id"], t["meta"]["sample"]] = _recompute([t])["tokens"]
+    keys = sorted({k[1:] for k in tokens})
+    assert len(keys) == 4 and {s for _, s in keys} == {0, 1}
+    c = report["paired"]["secondary"]["tokens"]["lookup"]
+    assert (c["tasks"], c["seeds"]) == (2, 4)
+    assert c["difference"] == pytest.approx(sum(tokens["model", *k] - tokens["baseline", *k] for k in keys) / 4)
+    assert "tokens" in res.output and "seeds" in res.output
 
 
 def test_eval_cli_errors_are_one_line(tmp_path):

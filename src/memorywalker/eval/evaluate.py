@@ -23,8 +23,14 @@ from rich.table import Table
 from tqdm import tqdm
 
 from memorywalker.errors import InputError
-from memorywalker.metrics.closed_loop import failed_trial_row, per_task_acceptance, summarize, trial_row
-from memorywalker.metrics.stats import bonferroni, paired_bootstrap, paired_differences, z_of
+from memorywalker.metrics.closed_loop import (
+    PAIRED_METRICS,
+    failed_trial_row,
+    per_task_seeds,
+    summarize,
+    trial_row,
+)
+from memorywalker.metrics.stats import bonferroni, paired_bootstrap_nested, paired_seed_differences, z_of
 from memorywalker.records import write_trajectories
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import (
@@ -231,7 +237,10 @@ def evaluate(cfg: EvalConfig, model: Candidate, out: str | Path, baseline: Candi
 def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands: dict[str, Candidate], *,
                  env_config: dict, harness_config: dict) -> dict[str, Any]:
     """Per model and suite: the summary numbers; with a baseline, the paired difference per suite at the
-    Bonferroni level alpha / (number of suites)."""
+    Bonferroni level alpha / (number of suites): of acceptance, and beside it of cost (act calls, tokens)
+    and validity (the share of malformed proposals) per trial, at the same level (not corrected across
+    metrics: acceptance is the test, the others say at what price). Seeds within a task are resampled
+    too where a task has several (:func:`~memorywalker.metrics.stats.paired_bootstrap_nested`)."""
     labels = list(rows)
     m = len(cfg.suites)
     alpha_each = bonferroni(cfg.alpha, m)
@@ -256,15 +265,17 @@ def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands:
     }
     if len(labels) == 2:
         a, b = labels
-        comparisons = {}
-        for s in cfg.suites:
-            diffs = paired_differences(per_task_acceptance(rows[a][s]), per_task_acceptance(rows[b][s]))
-            mean, lo, hi = paired_bootstrap(diffs, alpha=alpha_each, resamples=cfg.resamples, seed=cfg.seed)
-            comparisons[s] = {"tasks": len(diffs), "difference": mean, "ci": [lo, hi],
-                              "significant": not lo <= 0.0 <= hi}
+        paired: dict[str, dict[str, dict]] = {}
+        for metric in PAIRED_METRICS:
+            paired[metric] = {}
+            for s in cfg.suites:
+                diffs = paired_seed_differences(per_task_seeds(rows[a][s], metric), per_task_seeds(rows[b][s], metric))
+                mean, lo, hi = paired_bootstrap_nested(diffs, alpha=alpha_each, resamples=cfg.resamples, seed=cfg.seed)
+                paired[metric][s] = {"tasks": len(diffs), "seeds": sum(len(d) for d in diffs.values()),
+                                     "difference": mean, "ci": [lo, hi], "significant": not lo <= 0.0 <= hi}
         report["paired"] = {"model": a, "baseline": b, "metric": "acceptance", "comparisons": m,
                             "alpha_family": cfg.alpha, "alpha_each": alpha_each,
-                            "level": 1 - alpha_each, "suites": comparisons}
+                            "level": 1 - alpha_each, "suites": paired.pop("acceptance"), "secondary": paired}
     return report
 
 
@@ -297,10 +308,15 @@ def report_tables(report: dict[str, Any]):
         p = report["paired"]
         pt = Table(title=f"paired: {p['model']} - {p['baseline']} (acceptance, same tasks and seeds; "
                          f"{100 * p['level']:.2f}% = Bonferroni {p['alpha_family']}/{p['comparisons']})")
-        for col in ("suite", "tasks", "difference", "interval", "excludes 0"):
-            pt.add_column(col, justify="left" if col == "suite" else "right")
-        for suite, c in p["suites"].items():
-            pt.add_row(suite, str(c["tasks"]), f"{100 * c['difference']:+.1f} pts",
-                       f"[{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}]", "yes" if c["significant"] else "no")
+        for col in ("suite", "metric", "tasks", "seeds", "difference", "interval", "excludes 0"):
+            pt.add_column(col, justify="left" if col in ("suite", "metric") else "right")
+        rows = {"acceptance": p["suites"], **p.get("secondary", {})}
+        for suite in p["suites"]:
+            for metric, by_suite in rows.items():
+                c = by_suite[suite]
+                pct_of = metric in ("acceptance", "malformed")
+                fmt = (lambda x: f"{100 * x:+.1f} pts") if pct_of else (lambda x: f"{x:+.1f}")
+                pt.add_row(suite, metric, str(c["tasks"]), str(c.get("seeds", c["tasks"])), fmt(c["difference"]),
+                           f"[{fmt(c['ci'][0])}, {fmt(c['ci'][1])}]", "yes" if c["significant"] else "no")
         tables.append(pt)
     return tables

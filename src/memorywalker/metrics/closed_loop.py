@@ -195,3 +195,38 @@ def per_task_acceptance(rows: list[dict[str, Any]]) -> dict[str, float]:
     for r in rows:
         acc.setdefault(r["task"], []).append(float(r["accepted"]))
     return {t: sum(v) / len(v) for t, v in sorted(acc.items())}
+
+
+# What the paired test compares besides acceptance, per trial: its cost and the validity of its proposals.
+PAIRED_METRICS = ("acceptance", "turns", "tokens", "malformed")
+
+
+def trial_value(row: dict[str, Any], metric: str) -> float:
+    """One trial's number for a :data:`PAIRED_METRICS` entry: accepted (0/1), act calls, tokens (every call's
+    context and response), or the share of its proposals that were malformed (0 without proposals).
+
+    >>> row = {"accepted": False, "turns": 3, "tokens": 90, "validity": dict.fromkeys(VALIDITY, 0) | {"valid": 2, "malformed_output": 1}}
+    >>> [round(trial_value(row, m), 3) for m in PAIRED_METRICS]
+    [0.0, 3.0, 90.0, 0.333]
+    """
+    if metric == "acceptance":
+        return float(row["accepted"])
+    if metric in ("turns", "tokens"):
+        return float(row[metric])
+    if metric == "malformed":
+        proposals = sum(row["validity"].values())
+        return row["validity"]["malformed_output"] / proposals if proposals else 0.0
+    raise ValueError(f"unknown paired metric {metric!r}; valid: {PAIRED_METRICS}")
+
+
+def per_task_seeds(rows: list[dict[str, Any]], metric: str) -> dict[str, dict[int, float]]:
+    """``metric`` per task and per sample (the seed the model's and the baseline's episodes share).
+
+    >>> per_task_seeds([{"task": "a", "sample": 0, "accepted": True}, {"task": "a", "sample": 1, "accepted": False}],
+    ...                "acceptance")
+    {'a': {0: 1.0, 1: 0.0}}
+    """
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        out.setdefault(r["task"], {})[int(r.get("sample", 0))] = trial_value(r, metric)
+    return out

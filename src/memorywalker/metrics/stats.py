@@ -70,6 +70,18 @@ def paired_differences(a: dict[str, float], b: dict[str, float]) -> list[float]:
     return [a[t] - b[t] for t in sorted(a)]
 
 
+def paired_seed_differences(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> dict[str, list[float]]:
+    """``a[t][s] - b[t][s]`` per task ``t`` and seed ``s`` (sorted), for :func:`paired_bootstrap_nested`.
+
+    >>> paired_seed_differences({"t": {0: 1.0, 1: 0.0}}, {"t": {0: 0.0, 1: 1.0}})
+    {'t': [1.0, -1.0]}
+    """
+    missing = sorted({(t, s) for t in a for s in a[t]} ^ {(t, s) for t in b for s in b[t]})
+    if missing:
+        raise InputError(f"paired comparison needs the same tasks and seeds on both sides; unpaired: {missing[:3]}")
+    return {t: [a[t][s] - b[t][s] for s in sorted(a[t])] for t in sorted(a)}
+
+
 def paired_bootstrap(diffs: Sequence[float], *, alpha: float = 0.05, resamples: int = 10_000,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean of the per-task paired differences and its percentile bootstrap interval at level 1 - alpha.
@@ -92,6 +104,40 @@ def paired_bootstrap(diffs: Sequence[float], *, alpha: float = 0.05, resamples: 
     means = x[idx].mean(axis=1)  # [R]
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(x.mean()), float(low), float(high)
+
+
+def paired_bootstrap_nested(diffs: dict[str, Sequence[float]], *, alpha: float = 0.05, resamples: int = 10_000,
+                            seed: int = 0) -> tuple[float, float, float]:
+    """:func:`paired_bootstrap` for tasks evaluated with several seeds each: ``diffs[task]`` is the paired
+    difference per seed (the model's and the baseline's episodes share the seed). Each resample draws the
+    tasks with replacement and, within each drawn task, its seeds with replacement (a two-stage bootstrap,
+    Davison & Hinkley 1997, 2.4), so the interval carries the seed-to-seed variation inside a task too; the
+    estimate is the mean over tasks of each task's mean. Where every task has one seed this is
+    :func:`paired_bootstrap` of those differences, with the same draws.
+
+    One task whose two seeds differ by [1, -1]: the per-task mean is 0, and resampling task means alone would
+    give the interval [0, 0]. Here each resample's mean is 1 (both draws the first seed), 0 or -1, with
+    probabilities 1/4, 1/2, 1/4, so the 95 % interval is [-1, 1].
+
+    >>> paired_bootstrap_nested({"t": [1.0, -1.0]})
+    (0.0, -1.0, 1.0)
+    >>> paired_bootstrap_nested({"a": [1.0], "b": [0.0]}) == paired_bootstrap([1.0, 0.0])
+    True
+    """
+    tasks = [np.asarray(diffs[t], dtype=np.float64) for t in sorted(diffs)]
+    if not tasks or any(x.size == 0 for x in tasks):
+        raise InputError("paired bootstrap needs at least one task, each with at least one seed")
+    if all(x.size == 1 for x in tasks):
+        return paired_bootstrap([float(x[0]) for x in tasks], alpha=alpha, resamples=resamples, seed=seed)
+    rng = np.random.default_rng(seed)
+    n = len(tasks)
+    idx = rng.integers(0, n, size=(resamples, n))  # [R, T] tasks drawn with replacement
+    task_means = np.zeros((resamples, n))
+    for t, x in enumerate(tasks):  # every task's seeds redrawn in every resample (used where the task was drawn)
+        task_means[:, t] = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    means = np.take_along_axis(task_means, idx, axis=1).mean(axis=1)  # [R]
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(np.mean([x.mean() for x in tasks])), float(low), float(high)
 
 
 def cost_per_accepted(total: float, accepted: int) -> float | None:

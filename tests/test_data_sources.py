@@ -60,6 +60,26 @@ def test_dagger_round_adds_learner_state_labels_that_all_verify(dagger_run, toke
                                             for t in labels for c in t.calls)
 
 
+def test_dagger_in_the_vault_counts_the_learners_summaries_as_learner_states(kit, tmp_path):
+    """env=vault (recall-2) under claude-code at the demo's budget 260, where every act call after the
+    first compacts: after a compaction the context is the system prompt, the task and the summary, which
+    enters as a new message the eviction inserts. With beta = 0 the learner writes every summary, so every
+    label but each episode's first (before any learner output) is at a learner-reached state. The untrained
+    kit learner never answers: 2 episodes x max_steps 6 = 12 act calls labeled, 2 of them first calls."""
+    cfg = DaggerConfig(env="vault", suite="recall-2", compressor="claude-code", budget=260, max_steps=6, rounds=1,
+                       n=2, betas=(0.0,), max_new_tokens=32, sft_steps=1, eval_n=2, sft_batch_size=2)
+    report = run_dagger(cfg, str(kit[1]), tmp_path, tokenizer_dir=str(kit[0]))
+    (r,) = report["rounds"]
+    labels = read_trajectories(tmp_path / "labels-1.jsonl")
+    assert r["states"] == 12 and r["admitted"] == len(labels) > 2
+    first = [t for t in labels if t.meta["dagger"]["labeled_call"] == "call-0"]
+    assert len(first) <= 2 and r["learner_states"] == len(labels) - len(first)
+    assert all(t.meta["dagger"]["learner_state"] != (t in first) for t in labels)
+    assert r["learner_state_disagreement"] == 1.0
+    evaluated = read_trajectories(tmp_path / "eval-round-1.jsonl")
+    assert {t.meta["env"]["name"] for t in evaluated} == {"vault"} and len(evaluated) == 2
+
+
 class WrongAnswerer:
     """A labeler that always answers "nobody": no label of it can verify."""
 

@@ -1,4 +1,4 @@
-"""``memorywalker dagger``: DAgger rounds on the web-search world (memorywalker.recipes.dagger).
+"""``memorywalker dagger``: DAgger rounds in an environment (memorywalker.recipes.dagger).
 
     memorywalker dagger --model kit --suite lookup --rounds 2 --n 8 --compressor claude-code -o runs/dagger
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from memorywalker.cli import renamed
-from memorywalker.rollout import SUITES
+from memorywalker.rollout import ENVIRONMENTS
 from memorywalker.rollout.compressors import COMPRESSORS  # the compressor registry (light: no model code)
 
 
@@ -25,12 +25,15 @@ def register(app: typer.Typer) -> None:
 def dagger_cmd(
     model: str = typer.Option("kit", "--model", help="learner model dir, or kit (the offline tiny model)"),
     output: Path = typer.Option(..., "-o", "--output", help="run directory (must be new or empty)"),
-    suite: str = typer.Option("lookup", "--suite", help="web-search suite"),
+    env: str = typer.Option("websearch", "--env", help="environment: " + " | ".join(ENVIRONMENTS)),
+    suite: str = typer.Option("lookup", "--suite", help="the environment's suite"),
     rounds: int = typer.Option(2, "--rounds", min=1, help="DAgger rounds"),
     n: int = typer.Option(8, "--n", min=1, help="training tasks rolled out per round"),
     betas: str = typer.Option("1,0", "--betas", help="beta_k per round, comma-separated (last repeats): "
                               "P(execute the labeler's action)"),
     labeler: str = typer.Option("expert", "--labeler", help="expert | hf:DIR | openai:URL"),
+    expert_forget: float = typer.Option(0.0, "--expert-forget", min=0.0, max=1.0,
+                                        help="vault: share of the expert's episodes with careless summaries"),
     compressor: str = renamed.option("--compressor", "claude-code", "compression policy: " + " | ".join(COMPRESSORS)),
     harness: str = renamed.old_option("--compressor"),
     budget: int = typer.Option(1024, "--budget", help="context budget in prompt tokens the compressor keeps to"),
@@ -45,8 +48,10 @@ def dagger_cmd(
     """Roll out the learner, label its states with a verified labeler, aggregate, retrain; per round."""
     from memorywalker.recipes.dagger import DaggerConfig, run_dagger  # lazy: the command's machinery
 
-    if suite not in SUITES:
-        raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    if env not in ENVIRONMENTS:
+        raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    if suite not in ENVIRONMENTS[env].suites:
+        raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
     compressor = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker dagger")
     if compressor not in COMPRESSORS:
         raise typer.BadParameter(f"unknown compressor {compressor!r}; valid: {', '.join(COMPRESSORS)}")
@@ -65,7 +70,7 @@ def dagger_cmd(
 
         tok_dir, model_dir = default_kit()
         model, tokenizer_dir = str(model_dir), str(tok_dir)
-    cfg = DaggerConfig(suite=suite, rounds=rounds, n=n, betas=beta_list, labeler=labeler, compressor=compressor,
+    cfg = DaggerConfig(env=env, suite=suite, expert_forget=expert_forget, rounds=rounds, n=n, betas=beta_list, labeler=labeler, compressor=compressor,
                        budget=budget, max_steps=max_steps, eval_n=eval_n, sft_steps=sft_steps, sft_lr=sft_lr,
                        world_size=size, seed=seed)
     report = run_dagger(cfg, model, output, tokenizer_dir=tokenizer_dir, progress=progress)

@@ -4,8 +4,8 @@
 * ``renamed-schema`` — familiar (train split) tasks on a renamed and reordered schema (a schema map whose
   seed no augmented training record used);
 * ``unfamiliar-tools`` — held-out tasks on a renamed interface padded with distractor tools and a
-  different naming draw. The kit world has one tool family (search / open / answer), so this regime is an
-  approximation: an unfamiliar *interface*, not a different family of tools.
+  different naming draw. Each environment has one tool family (web search: search / open / answer), so this
+  regime is an approximation: an unfamiliar *interface*, not a different family of tools.
 
 Each regime reports SFA, PRE and reward (acceptance) separately, from the same trial rows as ``eval``;
 :func:`paired` compares two candidates per regime (per-task paired bootstrap).
@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memorywalker.eval.evaluate import Candidate, EvalConfig, run_suite
+from memorywalker.eval.evaluate import Candidate, EvalConfig, make_env, run_suite
 from memorywalker.metrics.closed_loop import per_task_acceptance, summarize
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences, z_of
-from memorywalker.rollout import HarnessConfig, WebSearchEnv
+from memorywalker.rollout import HarnessConfig
 from memorywalker.transforms.augment import AugmentedEnv, make_schema_map
 
 HELD_OUT_SCHEMA_SEED = 10_000  # schema maps of augmented training data use seeds < 10_000
@@ -39,7 +39,7 @@ def transfer_rows(cand: Candidate, cfg: EvalConfig, out: str | Path) -> dict[str
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     harness = HarnessConfig(cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps, max_context=cfg.max_context)
-    env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    env = make_env(cfg)
     rows: dict[str, dict[str, list[dict]]] = {}
     for regime, (renv, split) in regimes(env).items():
         c = replace(cfg, split=split)

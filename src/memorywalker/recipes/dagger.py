@@ -30,13 +30,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memorywalker.eval.evaluate import EvalConfig, load_candidate, run_suite
+from memorywalker.eval.evaluate import EvalConfig, load_candidate, make_env, run_suite
 from memorywalker.metrics.closed_loop import per_task_acceptance
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences
 from memorywalker.records.io import write_trajectories
 from memorywalker.records.schema import Trajectory
 from memorywalker.render import Renderer
-from memorywalker.rollout import HarnessConfig, WebSearchEnv, make_policy, plan, run_episode
+from memorywalker.rollout import HarnessConfig, make_policy, plan, run_episode
 from memorywalker.rollout.episodes.harness import call_seed
 from memorywalker.samplers.hf import HFPolicy
 from memorywalker.transforms.dagger import MixedPolicy, label_records
@@ -47,11 +47,13 @@ from memorywalker.transforms.distill import TransformStats, record_tokens
 class DaggerConfig:
     """``memorywalker dagger``: every field lands in the report."""
 
-    suite: str = "lookup"  # web-search suite rolled out and evaluated
+    env: str = "websearch"  # environment (memorywalker.rollout.ENVIRONMENTS): websearch | vault
+    suite: str = "lookup"  # the environment's suite rolled out and evaluated
     rounds: int = 2  # DAgger rounds (each: roll out, label, verify, retrain, evaluate)
     n: int = 8  # training tasks rolled out per round
     betas: tuple[float, ...] = (1.0, 0.0)  # beta_k: P(execute the labeler's action) in round k; last repeats
     labeler: str = "expert"  # expert | hf:DIR | openai:URL (rollout.make_policy)
+    expert_forget: float = 0.0  # vault: the share of episodes whose expert summaries keep only the newest label
     compressor: str = "claude-code"  # compression policy of the rollouts (was `harness`)
     budget: int = 1024  # context budget in prompt tokens the compressor keeps to
     max_steps: int = 8  # act calls per episode (rollouts, verification and evaluation)
@@ -65,6 +67,7 @@ class DaggerConfig:
     sft_steps: int = 20  # SFT steps per retraining (from the base model, on the aggregated dataset)
     sft_lr: float = 3e-3
     sft_batch_size: int = 4
+    sft_warmup_steps: int = 0
     method: str = "radix"  # SFT conditioning method
     seed: int = 0
     device: str = "cpu"
@@ -91,11 +94,21 @@ class RoundReport:
     paired_vs_previous: dict[str, Any]  # per-task difference vs the previous model, bootstrap interval
 
 
-def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
-    ecfg = EvalConfig(suites=(cfg.suite,), compressor=cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps,
+def _eval_config(cfg: DaggerConfig) -> EvalConfig:
+    return EvalConfig(suites=(cfg.suite,), env=cfg.env, compressor=cfg.compressor, budget=cfg.budget, max_steps=cfg.max_steps,
                       max_context=cfg.max_context, n=cfg.eval_n, seed=cfg.seed, split=cfg.eval_split,
                       world_seed=cfg.world_seed, world_size=cfg.world_size, temperature=0.0,
                       max_new_tokens=cfg.max_new_tokens, device=cfg.device)
+
+
+def _labeler(cfg: DaggerConfig, env):
+    if cfg.labeler == "expert" and cfg.expert_forget:
+        return env.expert(cfg.expert_forget)  # VaultExpert: careless summaries in that share of its episodes
+    return make_policy(cfg.labeler, env=env)
+
+
+def _eval_rows(model_dir: str, cfg: DaggerConfig, env, harness, out: Path, label: str, tokenizer):
+    ecfg = _eval_config(cfg)
     cand = load_candidate(model_dir, label, ecfg, tokenizer=tokenizer)
     return run_suite(env, cand, harness, ecfg, cfg.suite, out / f"eval-{label}.jsonl")
 
@@ -112,8 +125,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     out.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     renderer = Renderer(tok)
-    env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
-    verify_env = WebSearchEnv(cfg.world_seed, world_size=cfg.world_size or None)
+    env, verify_env = make_env(_eval_config(cfg)), make_env(_eval_config(cfg))
     harness = HarnessConfig.of(cfg)
     rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
     base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)
@@ -129,7 +141,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
         beta = cfg.beta(k)
         learner = HFPolicy(learner_dir, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            device=cfg.device, tokenizer=tok)
-        mixed = MixedPolicy(learner, make_policy(cfg.labeler, env=env), beta, tok, verify_env, max_steps=cfg.max_steps)
+        mixed = MixedPolicy(learner, _labeler(cfg, env), beta, tok, verify_env, max_steps=cfg.max_steps)
         episodes = plan(env, cfg.suite, cfg.n, seed=call_seed(cfg.seed, "dagger-round", k), harness=harness.name,
                         split="train")
         trajs, labels, stats = [], [], TransformStats()
@@ -161,6 +173,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
         if dataset:
             result = train(SFTConfig(model=model_dir, tokenizer=tokenizer_dir, data=None, run_dir=str(out / f"sft-{k}"),
                                      steps=cfg.sft_steps, lr=cfg.sft_lr, batch_size=min(cfg.sft_batch_size, len(dataset)),
+                                     warmup_steps=cfg.sft_warmup_steps,
                                      method=cfg.method, seed=cfg.seed, device=cfg.device,
                                      save_every=cfg.sft_steps),
                            trajectories=dataset, progress=False)

@@ -72,8 +72,9 @@ def verify_label(labeler: Policy, request: PolicyRequest, label: Message, env: E
 
 
 class MixedPolicy:
-    """Executes the labeler's proposal with probability ``beta`` (per act call, seeded), else the
-    learner's; records the label of every act call, whether it verified, and the learner's proposal."""
+    """Executes the labeler's proposal with probability ``beta`` (per call, seeded), else the learner's;
+    records the label of every act call, whether it verified, and the learner's proposal. A summary the
+    learner wrote is the learner's too: a label whose context holds it is at a learner-reached state."""
 
     name = "dagger-mixed"
 
@@ -95,8 +96,10 @@ class MixedPolicy:
     def __call__(self, request: PolicyRequest) -> PolicyOutput:
         use_labeler = call_seed(request.seed, "beta") / 2 ** 63 < self.beta
         label_out = self.labeler(request)  # every call: a stateful labeler follows the whole episode
-        if request.purpose != "act":
-            return label_out if use_labeler else self.learner(request)
+        if request.purpose != "act":  # a summary (or fold) the harness asks for: whoever writes it shapes the state
+            out = label_out if use_labeler else self.learner(request)
+            out.meta = {**out.meta, "dagger_executed": "labeler" if use_labeler else "learner"}
+            return out
         label = as_message(label_out, self.tok)
         self.verify_env.reset(self.task)
         ok, steps = verify_label(copy.deepcopy(self.labeler), request, label, self.verify_env,
@@ -118,6 +121,12 @@ def label_records(traj: Trajectory, labels: list[dict[str, Any]], renderer, *, r
     """One derived record per verified label: the call's delivered context, the label as the response."""
     table = traj.message_table()
     executed = {c.response: c.meta.get("dagger_executed") for c in traj.calls}
+    index = {c.id: i for i, c in enumerate(traj.calls)}
+    for e in traj.evictions:  # what a summary call wrote enters the context as the messages its eviction inserts
+        before = index.get(e.before_call, 0)
+        writer = next((c for c in reversed(traj.calls[:before]) if c.purpose != "act"), None)
+        if e.kind in ("summarize", "fold") and writer is not None:
+            executed |= dict.fromkeys(e.inserted, writer.meta.get("dagger_executed"))
     out = []
     for lab in labels:
         if not lab["verified"]:

@@ -1,0 +1,284 @@
+"""The chapter's data techniques on the demo's vault setting, each against its control, over seeds.
+
+    python scripts/chapter_effects.py --seeds 0,1,2 --out runs/chapter [--size full|quick|tiny] [--only dagger,augment]
+
+Per seed, the demo's stages 1-3 (:func:`memorywalker.recipes.demo.prepare`: kit tokenizer and model,
+copy pretraining, expert episodes, the warm start; reused from ``OUT/seed-S/demo`` when a run left them),
+then from that warm start:
+
+1. **DAgger** (16.6) under ``claude-code`` compaction, with the demo's imperfect expert (careless
+   summaries in ``expert_forget`` = half of its episodes) as the labeler: ``memorywalker dagger`` rounds
+   (beta 1 then 0: the expert's own states, then the learner's), every label verified, retrained from the
+   warm start on the aggregate; against **behaviour cloning** on the same number of verified labels, the
+   act calls of the expert's own claude-code episodes that earned reward 1 (their summary calls not
+   trained, as DAgger labels none). Held-out reward of both, paired, and the disagreement per round.
+2. **Schema augmentation** (16.7, 16.11): SFT on the demo's expert episodes (both harnesses) with and
+   without one renamed copy of each (16 interfaces, schema seeds 1-16), the same steps; evaluated on the
+   familiar schema (test tasks), on a renamed one whose seed no training record used (train tasks), and
+   on a renamed one with 4 distractor tools (test tasks): reward, SFA and PRE per regime, paired.
+
+Every comparison is paired by task and seed with ``memorywalker eval``'s test (acceptance, and beside it
+act calls, tokens and the malformed share: 16.11's cost and validity). Distillation (16.9) and ACC are
+not in this script yet. Writes ``OUT/results.json`` and ``OUT/tables.md`` and prints the tables and the wall
+time; a section already in ``OUT/seed-S/<section>.json`` is read, not rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+KNOWN = ("dagger", "augment")
+SCHEMA_SEEDS = 16  # interfaces the augmented copies are drawn from (seeds 1..16; the held-out one is 10,000)
+
+
+def settings(size: str, seed: int):
+    """The demo's configuration at ``size``: ``full`` (its default), ``quick`` (``demo --quick``), ``tiny`` (the
+    test's: a 2-layer model trained a few steps; it shows the pipeline runs, never an effect)."""
+    from memorywalker.recipes.demo import FULL, QUICK
+
+    tiny = replace(QUICK, hidden_size=64, num_layers=2, pretrain_steps=4, pretrain_far_steps=2, warm_episodes=8,
+                   warm_summaries=2, warm_steps=2, warm_check_every=1, warm_check_episodes=2, warm_copy_target=0.0,
+                   warm_summary_target=0.0, sft_episodes=8, sft_steps=2, eval_tasks=2, max_steps=3, max_new_tokens=24)
+    return replace({"full": FULL, "quick": QUICK, "tiny": tiny}[size], seed=seed)
+
+
+def prepared(cfg, out: Path) -> dict:
+    """The demo's stages 1-3 in ``out`` (or what an earlier run left there)."""
+    from memorywalker.recipes.demo import prepare
+
+    done = out / "prepare.json"
+    if done.is_file() and Path(json.loads(done.read_text())["warm_dir"]).is_dir():
+        return json.loads(done.read_text())
+    prep = {**prepare(cfg, out, progress=False), "tok_dir": str(out / "kit" / "tokenizer")}
+    done.write_text(json.dumps(prep, indent=2, default=float))
+    return prep
+
+
+def eval_config(cfg, n: int):
+    """Held-out episodes under claude-code compaction, greedy: the demo's evaluation setting."""
+    from memorywalker.eval.evaluate import EvalConfig
+
+    return EvalConfig(env="vault", world_seed=cfg.seed, suites=(cfg.suite,), compressor="claude-code",
+                      budget=cfg.budgets["claude-code"],
+                      max_steps=cfg.max_steps, n=n, seed=cfg.seed, split="test", temperature=0.0,
+                      max_new_tokens=cfg.max_new_tokens)
+
+
+def paired(a: list[dict], b: list[dict], seed: int) -> dict:
+    """``a`` minus ``b`` per task and seed, each of eval's paired metrics, with its 95 % interval."""
+    from memorywalker.metrics.closed_loop import PAIRED_METRICS, per_task_seeds
+    from memorywalker.metrics.stats import paired_bootstrap_nested, paired_seed_differences
+
+    out = {}
+    for metric in PAIRED_METRICS:
+        d = paired_seed_differences(per_task_seeds(a, metric), per_task_seeds(b, metric))
+        mean, lo, hi = paired_bootstrap_nested(d, seed=seed)
+        out[metric] = {"tasks": len(d), "difference": mean, "ci": [lo, hi]}
+    return out
+
+
+def sft(cfg, prep: dict, trajectories, run_dir: Path, *, steps: int, lr: float, batch: int) -> str:
+    from memorywalker.recipes import sft as sft_recipe
+
+    res = sft_recipe.train(sft_recipe.SFTConfig(
+        model=prep["warm_dir"], tokenizer=prep["tok_dir"],
+        run_dir=str(run_dir), method="radix", steps=steps, batch_size=min(batch, len(trajectories)), lr=lr,
+        warmup_steps=min(5, steps - 1), save_every=steps, seed=cfg.seed), trajectories=trajectories, progress=False)
+    return str(res.final_dir)
+
+
+# --- 1. DAgger against behaviour cloning on the same labels -------------------------------------------------
+
+def dagger(cfg, prep: dict, out: Path, *, rounds: int, n: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from memorywalker.eval.evaluate import load_candidate, make_env, run_suite
+    from memorywalker.metrics.closed_loop import trial_row
+    from memorywalker.recipes.dagger import DaggerConfig, run_dagger
+    from memorywalker.records import read_trajectories
+    from memorywalker.rollout import HarnessConfig
+
+    tok_dir = prep["tok_dir"]
+    ecfg = eval_config(cfg, cfg.eval_tasks)
+    dcfg = DaggerConfig(env="vault", world_seed=cfg.seed, suite=cfg.suite, compressor="claude-code", budget=cfg.budgets["claude-code"],
+                        max_steps=cfg.max_steps, max_new_tokens=cfg.max_new_tokens, rounds=rounds, n=n,
+                        betas=(1.0, 0.0), expert_forget=cfg.expert_forget, eval_n=cfg.eval_tasks, sft_steps=cfg.sft_steps,
+                        sft_lr=cfg.sft_lr, sft_batch_size=cfg.sft_batch, sft_warmup_steps=min(5, cfg.sft_steps - 1),
+                        method="radix", seed=cfg.seed)
+    report = run_dagger(dcfg, prep["warm_dir"], out / "dagger", tokenizer_dir=tok_dir)
+    budget = report["rounds"][-1]["dataset"]  # verified labels DAgger trained on
+
+    # behaviour cloning: the act calls of the expert's verified claude-code episodes, as many as DAgger's labels
+    expert = [t for t in read_trajectories(out / "demo" / "expert.jsonl")
+              if t.meta["harness"]["name"] == "claude-code" and t.reward == 1.0]
+    bc, labels = [], 0
+    for t in expert:
+        if labels >= budget:
+            break
+        calls = []
+        for c in t.calls:
+            keep = c.purpose == "act" and labels < budget
+            labels += keep
+            calls.append(c if keep else c.model_copy(update={"selected": False, "reason": "not a label of the budget"}))
+        bc.append(t.model_copy(update={"calls": calls}))
+    bc_dir = sft(cfg, prep, bc, out / "bc", steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    env = make_env(ecfg)
+    bc_rows = run_suite(env, load_candidate(bc_dir, "bc", ecfg, tokenizer=tok), HarnessConfig.of(ecfg), ecfg,
+                        cfg.suite, out / "eval-bc.jsonl")
+    dagger_rows = [trial_row(t) for t in read_trajectories(out / "dagger" / f"eval-round-{rounds}.jsonl")]
+    return {"labels": budget, "bc_labels": labels, "bc_episodes": len(bc),
+            "rounds": [{k: r[k] for k in ("round", "beta", "episodes", "episode_reward", "states", "admitted",
+                                          "learner_states", "learner_state_disagreement", "held_out_reward")}
+                       for r in report["rounds"]],
+            "reward": {"dagger": float(np.mean([r["accepted"] for r in dagger_rows])),
+                       "bc": float(np.mean([r["accepted"] for r in bc_rows])),
+                       "warm": report["held_out_reward_before"]},
+            "paired": paired(dagger_rows, bc_rows, cfg.seed)}
+
+
+# --- 2. schema augmentation -----------------------------------------------------------------------------------
+
+def augment(cfg, prep: dict, out: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from memorywalker.eval.evaluate import load_candidate
+    from memorywalker.eval.transfer import per_task_sfa, report, transfer_rows
+    from memorywalker.metrics.stats import paired_bootstrap, paired_differences
+    from memorywalker.records import read_trajectories
+    from memorywalker.rollout.environments.vault.env import VaultEnv
+    from memorywalker.transforms.augment import augment_record, env_tools_of, make_schema_map
+
+    expert = read_trajectories(out / "demo" / "expert.jsonl")
+    copies, rejected, env = [], [], VaultEnv(cfg.seed)
+    for i, t in enumerate(expert):
+        try:
+            copies.append(augment_record(t, make_schema_map(env_tools_of(t), 1 + i % SCHEMA_SEEDS), index=0, env=env))
+        except ValueError as err:  # an old identifier survived: the copy is left out, with its reason
+            rejected.append(f"{t.id}: {err}")
+    tok = AutoTokenizer.from_pretrained(prep["tok_dir"])
+    ecfg = eval_config(cfg, cfg.eval_tasks)
+    rows = {}
+    for arm, data in (("sft", expert), ("sft+aug", expert + copies)):
+        model = sft(cfg, prep, data, out / f"augment-{arm}", steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch)
+        rows[arm] = transfer_rows(load_candidate(model, arm, ecfg, tokenizer=tok), ecfg, out / f"transfer-{arm}")
+    result = {"records": len(expert), "copies": len(copies), "rejected": rejected, "regimes": {}}
+    for regime in rows["sft"]:
+        a, b = rows["sft+aug"][regime][cfg.suite], rows["sft"][regime][cfg.suite]
+        d = paired_differences(per_task_sfa(a), per_task_sfa(b))
+        mean, lo, hi = paired_bootstrap(d, seed=cfg.seed)
+        summary = {arm: report({regime: rows[arm][regime]})[regime] for arm in rows}
+        result["regimes"][regime] = {
+            arm: {k: summary[arm][k] for k in ("acceptance", "sfa", "pre", "pre_calls", "proposals")} for arm in rows}
+        result["regimes"][regime]["paired"] = {**paired(a, b, cfg.seed),
+                                               "sfa": {"tasks": len(d), "difference": mean, "ci": [lo, hi]}}
+    return result
+
+
+# --- tables -------------------------------------------------------------------------------------------------
+
+def _diff(p: dict) -> str:
+    return f"{p['difference']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
+
+
+def _holds(ps: list[dict]) -> str:
+    """Seeds whose interval lies above 0 / below 0, of all."""
+    up = sum(p["ci"][0] > 0 for p in ps)
+    down = sum(p["ci"][1] < 0 for p in ps)
+    return f"above 0 on {up}, below 0 on {down}, of {len(ps)} seeds"
+
+
+def tables(results: dict) -> str:
+    lines = []
+    seeds = sorted(results["seeds"], key=int)
+    got = [s for s in seeds if "dagger" in results["seeds"][s]]
+    if got:
+        lines += ["### DAgger against behaviour cloning on the same verified labels", "",
+                  "| seed | labels | warm start | BC | DAgger | DAgger − BC reward [95 %] | act calls | tokens | "
+                  "malformed share | learner-state disagreement per round |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for s in got:
+            d = results["seeds"][s]["dagger"]
+            p = d["paired"]
+            dis = ", ".join("-" if r["learner_state_disagreement"] is None else f"{r['learner_state_disagreement']:.2f}"
+                            for r in d["rounds"])
+            lines.append(f"| {s} | {d['labels']} | {d['reward']['warm']:.3f} | {d['reward']['bc']:.3f} | "
+                         f"{d['reward']['dagger']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
+                         f"{_diff(p['tokens'])} | {_diff(p['malformed'])} | {dis} |")
+        lines += ["", f"DAgger − BC reward: {_holds([results['seeds'][s]['dagger']['paired']['acceptance'] for s in got])}.", ""]
+    got = [s for s in seeds if "augment" in results["seeds"][s]]
+    if got:
+        lines += ["### Schema augmentation", "",
+                  "| seed | regime | reward sft / +aug | SFA sft / +aug | PRE sft / +aug | +aug − sft reward [95 %] | "
+                  "+aug − sft SFA [95 %] |", "|---|---|---|---|---|---|---|"]
+        for s in got:
+            for regime, r in results["seeds"][s]["augment"]["regimes"].items():
+                a, b = r["sft"], r["sft+aug"]
+                lines.append(f"| {s} | {regime} | {a['acceptance']:.3f} / {b['acceptance']:.3f} | {a['sfa']:.3f} / "
+                             f"{b['sfa']:.3f} | {a['pre']:.3f} / {b['pre']:.3f} | {_diff(r['paired']['acceptance'])} | "
+                             f"{_diff(r['paired']['sfa'])} |")
+        regimes = results["seeds"][got[0]]["augment"]["regimes"]
+        lines.append("")
+        for regime in regimes:
+            ps = [results["seeds"][s]["augment"]["regimes"][regime]["paired"] for s in got]
+            lines.append(f"* {regime}: reward {_holds([p['acceptance'] for p in ps])}; SFA {_holds([p['sfa'] for p in ps])}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--out", type=Path, default=Path("runs/chapter"))
+    ap.add_argument("--size", default="full", choices=("full", "quick", "tiny"), help="the demo's sizes (quick and tiny "
+                    "show the pipeline, not effects)")
+    ap.add_argument("--only", default=",".join(KNOWN), help=f"sections: {','.join(KNOWN)}")
+    ap.add_argument("--dagger-rounds", type=int, default=2)
+    ap.add_argument("--dagger-n", type=int, default=None, help="tasks rolled out per DAgger round (default: 40; "
+                    "quick 4, tiny 2)")
+    args = ap.parse_args()
+    only = [s for s in args.only.split(",") if s]
+    if set(only) - set(KNOWN):
+        ap.error(f"--only: unknown sections {sorted(set(only) - set(KNOWN))}; valid: {','.join(KNOWN)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"size": args.size, "seeds": {}, "seconds": {}, "config": {}}
+    t_all = time.monotonic()
+    for seed in (int(s) for s in args.seeds.split(",")):
+        cfg = settings(args.size, seed)
+        out = args.out / f"seed-{seed}"
+        out.mkdir(exist_ok=True)
+        results["config"] = {k: v for k, v in asdict(cfg).items() if k != "seed"}
+        t0 = time.monotonic()
+        prep = prepared(cfg, out / "demo")
+        seconds = {"prepare": round(time.monotonic() - t0, 1)}
+        here = results["seeds"].setdefault(str(seed), {})
+        for section in only:
+            done = out / f"{section}.json"
+            if done.is_file():
+                here[section] = json.loads(done.read_text())
+                continue
+            t0 = time.monotonic()
+            if section == "dagger":
+                n = args.dagger_n or {"full": 40, "quick": 4, "tiny": 2}[args.size]
+                here[section] = dagger(cfg, prep, out, rounds=args.dagger_rounds, n=n)
+            else:
+                here[section] = augment(cfg, prep, out)
+            here[section]["seconds"] = seconds[section] = round(time.monotonic() - t0, 1)
+            done.write_text(json.dumps(here[section], indent=2, default=float))
+        results["seconds"][str(seed)] = seconds
+        print(f"seed {seed}: {seconds}", flush=True)
+    results["seconds"]["total"] = round(time.monotonic() - t_all, 1)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    text = tables(results)
+    (args.out / "tables.md").write_text(text + f"\nWall time: {results['seconds']['total']:.0f} s.\n")
+    print(text)
+    print(f"wall time {results['seconds']['total']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""scripts/chapter_effects.py at its tiny size: every section runs from the demo's own stages, and the numbers
+its tables print are recomputed here from the episodes and records it wrote.
+
+Slow (about 2 minutes on 2 cores; ``.ci/run`` runs it): the demo's stages 1-3 at the test's size, two DAgger
+rounds with their retraining, behaviour cloning, and two SFT runs evaluated in three regimes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memorywalker.metrics.closed_loop import trial_row
+from memorywalker.records import read_trajectories
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "chapter_effects.py"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chapter")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--seeds", "0", "--out", str(out)],
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), res.stdout
+
+
+def accepted(path: Path) -> dict[str, float]:
+    return {t.task.id: float(t.reward == 1.0) for t in read_trajectories(path)}
+
+
+def test_dagger_and_behaviour_cloning_spend_the_same_labels_and_are_paired_by_task(run):
+    """DAgger's budget is the labels it admitted over its rounds; behaviour cloning takes that many act calls
+    from the expert's claude-code episodes that earned reward 1 (in file order), or all there are. The paired
+    reward difference is the mean of DAgger's minus BC's acceptance over the same held-out tasks."""
+    out, results, stdout = run
+    d = results["seeds"]["0"]["dagger"]
+    labels = sum(len(read_trajectories(out / "seed-0" / "dagger" / f"labels-{k}.jsonl")) for k in (1, 2))
+    assert d["labels"] == labels == sum(r["admitted"] for r in d["rounds"])
+    verified = [t for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl")
+                if t.meta["harness"]["name"] == "claude-code" and t.reward == 1.0]
+    assert d["bc_labels"] == min(labels, sum(c.purpose == "act" for t in verified for c in t.calls))
+    assert [r["beta"] for r in d["rounds"]] == [1.0, 0.0] and d["rounds"][0]["learner_states"] == 0
+    a = accepted(out / "seed-0" / "dagger" / "eval-round-2.jsonl")
+    b = accepted(out / "seed-0" / "eval-bc.jsonl")
+    assert a.keys() == b.keys() and len(a) == 2
+    p = d["paired"]["acceptance"]
+    assert p["tasks"] == 2 and p["difference"] == pytest.approx(sum(a[t] - b[t] for t in a) / 2)
+    assert p["ci"][0] <= p["difference"] <= p["ci"][1]
+    tokens = {t.task.id: trial_row(t)["tokens"] for t in read_trajectories(out / "seed-0" / "eval-bc.jsonl")}
+    mine = {t.task.id: trial_row(t)["tokens"] for t in read_trajectories(out / "seed-0" / "dagger" / "eval-round-2.jsonl")}
+    assert d["paired"]["tokens"]["difference"] == pytest.approx(sum(mine[t] - tokens[t] for t in mine) / 2)
+    assert "DAgger against behaviour cloning" in stdout and "DAgger − BC reward: above 0 on" in stdout
+
+
+def test_augmentation_is_evaluated_on_the_familiar_and_two_renamed_schemas(run):
+    """One renamed copy per expert record (or its reason); both arms in the three transfer regimes on the
+    same tasks; each regime's SFA difference is the mean over tasks of the per-task SFA differences."""
+    from memorywalker.eval.transfer import per_task_sfa
+
+    out, results, stdout = run
+    a = results["seeds"]["0"]["augment"]
+    assert a["copies"] + len(a["rejected"]) == a["records"] == len(read_trajectories(out / "seed-0" / "demo" / "expert.jsonl"))
+    assert list(a["regimes"]) == ["new-tasks", "renamed-schema", "unfamiliar-tools"]
+    for regime, r in a["regimes"].items():
+        rows = {arm: [trial_row(t) for t in read_trajectories(out / "seed-0" / f"transfer-{arm}" /
+                                                               f"{arm}-{regime}-recall-2.jsonl")] for arm in ("sft", "sft+aug")}
+        plus, base = per_task_sfa(rows["sft+aug"]), per_task_sfa(rows["sft"])
+        assert plus.keys() == base.keys() and len(plus) == 2
+        assert r["paired"]["sfa"]["difference"] == pytest.approx(sum(plus[t] - base[t] for t in plus) / 2)
+        assert r["sft"]["acceptance"] == pytest.approx(sum(x["accepted"] for x in rows["sft"]) / 2)
+    assert "Schema augmentation" in stdout and (out / "tables.md").read_text().startswith("### DAgger")
+    assert json.loads((out / "seed-0" / "dagger.json").read_text())["labels"] == results["seeds"]["0"]["dagger"]["labels"]

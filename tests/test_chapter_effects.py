@@ -1,8 +1,8 @@
 """scripts/chapter_effects.py at its tiny size: every section runs from the demo's own stages, and the numbers
 its tables print are recomputed here from the episodes and records it wrote.
 
-Slow (about 2 minutes on 2 cores; ``.ci/run`` runs it): the demo's stages 1-3 at the test's size, two DAgger
-rounds with their retraining, behaviour cloning, and two SFT runs evaluated in three regimes.
+About 15 s on 2 cores: the demo's stages 1-3 at the test's size, two DAgger rounds with their retraining,
+behaviour cloning, and two SFT runs evaluated in three regimes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import pytest
 
 from memorywalker.metrics.closed_loop import trial_row
 from memorywalker.records import read_trajectories
-
-pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "chapter_effects.py"
 

@@ -237,7 +237,11 @@ def test_distill_cli_writes_derived_records_and_reports_expansion(tokenizer, kit
     assert "2 of 2 records" in res.output and f"expansion {tout / tin:.3f}" in res.output
     for args, needle in ((["distill", str(tmp_path / "guided.jsonl"), "-o", str(tmp_path / "x")], "exactly one of"),
                          (["dagger", "--suite", "nope", "-o", str(tmp_path / "d")], "unknown suite 'nope'"),
-                         (["dagger", "--betas", "2", "-o", str(tmp_path / "d")], "--betas must lie in")):
+                         (["dagger", "--betas", "2", "-o", str(tmp_path / "d")], "--betas must lie in"),
+                         (["dagger", "--expert-forget", "0.5", "--n", "1", "--rounds", "1", "--eval-n", "1", "-o",
+                           str(tmp_path / "d")], "only the vault's expert forgets"),
+                         (["dagger", "--env", "vault", "--suite", "lookup", "-o", str(tmp_path / "d")],
+                          "unknown suite 'lookup' of env vault")):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
 

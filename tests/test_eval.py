@@ -323,7 +323,7 @@ def test_several_seeds_per_task_are_paired_by_seed_and_resampled_within_the_task
     assert len(keys) == 4 and {s for _, s in keys} == {0, 1}
     c = report["paired"]["secondary"]["tokens"]["lookup"]
     assert (c["tasks"], c["seeds"]) == (2, 4)
-    assert c["difference"] == pytest.approx(sum(tokens["model", *k] - tokens["baseline", *k] for k in keys) / 4)
+    assert c["difference"] == pytest.approx(sum(tokens[("model", *k)] - tokens[("baseline", *k)] for k in keys) / 4)
     assert "tokens" in res.output and "seeds" in res.output
 
 

@@ -50,6 +50,9 @@ def dagger_cmd(
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
+    if expert_forget and (env != "vault" or labeler != "expert"):
+        raise typer.BadParameter(f"--expert-forget {expert_forget}: only the vault's expert forgets "
+                                 "(--env vault --labeler expert)")
     if suite not in ENVIRONMENTS[env].suites:
         raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
     compressor = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker dagger")

@@ -30,6 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memorywalker.errors import InputError
 from memorywalker.eval.evaluate import EvalConfig, load_candidate, make_env, run_suite
 from memorywalker.metrics.closed_loop import per_task_acceptance
 from memorywalker.metrics.stats import paired_bootstrap, paired_differences
@@ -102,7 +103,9 @@ def _eval_config(cfg: DaggerConfig) -> EvalConfig:
 
 
 def _labeler(cfg: DaggerConfig, env):
-    if cfg.labeler == "expert" and cfg.expert_forget:
+    if cfg.expert_forget:
+        if cfg.labeler != "expert" or cfg.env != "vault":
+            raise InputError(f"expert_forget={cfg.expert_forget}: only the vault's expert forgets (labeler expert, env vault)")
         return env.expert(cfg.expert_forget)  # VaultExpert: careless summaries in that share of its episodes
     return make_policy(cfg.labeler, env=env)
 
@@ -126,6 +129,7 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     renderer = Renderer(tok)
     env, verify_env = make_env(_eval_config(cfg)), make_env(_eval_config(cfg))
+    _labeler(cfg, env)  # a labeler that cannot be made stops the run before anything is evaluated
     harness = HarnessConfig.of(cfg)
     rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
     base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)

@@ -53,43 +53,38 @@ def prepared(cfg, out: Path) -> dict:
     from memorywalker.recipes.demo import prepare
 
     done = out / "prepare.json"
-    if done.is_file() and Path(json.loads(done.read_text())["warm_dir"]).is_dir():
-        return json.loads(done.read_text())
+    if done.is_file() and Path((prep := json.loads(done.read_text()))["warm_dir"]).is_dir():
+        return prep
     prep = {**prepare(cfg, out, progress=False), "tok_dir": str(out / "kit" / "tokenizer")}
     done.write_text(json.dumps(prep, indent=2, default=float))
     return prep
 
 
-def eval_config(cfg, n: int):
+def eval_config(cfg):
     """Held-out episodes under claude-code compaction, greedy: the demo's evaluation setting."""
     from memorywalker.eval.evaluate import EvalConfig
 
     return EvalConfig(env="vault", world_seed=cfg.seed, suites=(cfg.suite,), compressor="claude-code",
                       budget=cfg.budgets["claude-code"],
-                      max_steps=cfg.max_steps, n=n, seed=cfg.seed, split="test", temperature=0.0,
+                      max_steps=cfg.max_steps, n=cfg.eval_tasks, seed=cfg.seed, split="test", temperature=0.0,
                       max_new_tokens=cfg.max_new_tokens)
 
 
 def paired(a: list[dict], b: list[dict], seed: int) -> dict:
     """``a`` minus ``b`` per task and seed, each of eval's paired metrics, with its 95 % interval."""
-    from memorywalker.metrics.closed_loop import PAIRED_METRICS, per_task_seeds
-    from memorywalker.metrics.stats import paired_bootstrap_nested, paired_seed_differences
+    from memorywalker.metrics.closed_loop import PAIRED_METRICS, paired_metric
 
-    out = {}
-    for metric in PAIRED_METRICS:
-        d = paired_seed_differences(per_task_seeds(a, metric), per_task_seeds(b, metric))
-        mean, lo, hi = paired_bootstrap_nested(d, seed=seed)
-        out[metric] = {"tasks": len(d), "difference": mean, "ci": [lo, hi]}
-    return out
+    return {metric: paired_metric(a, b, metric, seed=seed) for metric in PAIRED_METRICS}
 
 
-def sft(cfg, prep: dict, trajectories, run_dir: Path, *, steps: int, lr: float, batch: int) -> str:
+def sft(cfg, prep: dict, trajectories, run_dir: Path) -> str:
+    """The demo's SFT (its steps, lr, batch) from the warm start on ``trajectories``; the final checkpoint."""
     from memorywalker.recipes import sft as sft_recipe
 
     res = sft_recipe.train(sft_recipe.SFTConfig(
-        model=prep["warm_dir"], tokenizer=prep["tok_dir"],
-        run_dir=str(run_dir), method="radix", steps=steps, batch_size=min(batch, len(trajectories)), lr=lr,
-        warmup_steps=min(5, steps - 1), save_every=steps, seed=cfg.seed), trajectories=trajectories, progress=False)
+        model=prep["warm_dir"], tokenizer=prep["tok_dir"], run_dir=str(run_dir), method="radix", steps=cfg.sft_steps,
+        batch_size=min(cfg.sft_batch, len(trajectories)), lr=cfg.sft_lr, warmup_steps=min(5, cfg.sft_steps - 1),
+        save_every=cfg.sft_steps, seed=cfg.seed), trajectories=trajectories, progress=False)
     return str(res.final_dir)
 
 
@@ -105,7 +100,7 @@ def dagger(cfg, prep: dict, out: Path, *, rounds: int, n: int) -> dict:
     from memorywalker.rollout import HarnessConfig
 
     tok_dir = prep["tok_dir"]
-    ecfg = eval_config(cfg, cfg.eval_tasks)
+    ecfg = eval_config(cfg)
     dcfg = DaggerConfig(env="vault", world_seed=cfg.seed, suite=cfg.suite, compressor="claude-code", budget=cfg.budgets["claude-code"],
                         max_steps=cfg.max_steps, max_new_tokens=cfg.max_new_tokens, rounds=rounds, n=n,
                         betas=(1.0, 0.0), expert_forget=cfg.expert_forget, eval_n=cfg.eval_tasks, sft_steps=cfg.sft_steps,
@@ -127,7 +122,7 @@ def dagger(cfg, prep: dict, out: Path, *, rounds: int, n: int) -> dict:
             labels += keep
             calls.append(c if keep else c.model_copy(update={"selected": False, "reason": "not a label of the budget"}))
         bc.append(t.model_copy(update={"calls": calls}))
-    bc_dir = sft(cfg, prep, bc, out / "bc", steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch)
+    bc_dir = sft(cfg, prep, bc, out / "bc")
     tok = AutoTokenizer.from_pretrained(tok_dir)
     env = make_env(ecfg)
     bc_rows = run_suite(env, load_candidate(bc_dir, "bc", ecfg, tokenizer=tok), HarnessConfig.of(ecfg), ecfg,
@@ -163,10 +158,10 @@ def augment(cfg, prep: dict, out: Path) -> dict:
         except ValueError as err:  # an old identifier survived: the copy is left out, with its reason
             rejected.append(f"{t.id}: {err}")
     tok = AutoTokenizer.from_pretrained(prep["tok_dir"])
-    ecfg = eval_config(cfg, cfg.eval_tasks)
+    ecfg = eval_config(cfg)
     rows = {}
     for arm, data in (("sft", expert), ("sft+aug", expert + copies)):
-        model = sft(cfg, prep, data, out / f"augment-{arm}", steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch)
+        model = sft(cfg, prep, data, out / f"augment-{arm}")
         rows[arm] = transfer_rows(load_candidate(model, arm, ecfg, tokenizer=tok), ecfg, out / f"transfer-{arm}")
     result = {"records": len(expert), "copies": len(copies), "rejected": rejected, "regimes": {}}
     for regime in rows["sft"]:

@@ -26,11 +26,11 @@ from memorywalker.errors import InputError
 from memorywalker.metrics.closed_loop import (
     PAIRED_METRICS,
     failed_trial_row,
-    per_task_seeds,
+    paired_metric,
     summarize,
     trial_row,
 )
-from memorywalker.metrics.stats import bonferroni, paired_bootstrap_nested, paired_seed_differences, z_of
+from memorywalker.metrics.stats import bonferroni, z_of
 from memorywalker.records import write_trajectories
 from memorywalker.render import Renderer, RenderOptions
 from memorywalker.rollout import (
@@ -265,14 +265,9 @@ def build_report(cfg: EvalConfig, rows: dict[str, dict[str, list[dict]]], cands:
     }
     if len(labels) == 2:
         a, b = labels
-        paired: dict[str, dict[str, dict]] = {}
-        for metric in PAIRED_METRICS:
-            paired[metric] = {}
-            for s in cfg.suites:
-                diffs = paired_seed_differences(per_task_seeds(rows[a][s], metric), per_task_seeds(rows[b][s], metric))
-                mean, lo, hi = paired_bootstrap_nested(diffs, alpha=alpha_each, resamples=cfg.resamples, seed=cfg.seed)
-                paired[metric][s] = {"tasks": len(diffs), "seeds": sum(len(d) for d in diffs.values()),
-                                     "difference": mean, "ci": [lo, hi], "significant": not lo <= 0.0 <= hi}
+        paired = {metric: {s: paired_metric(rows[a][s], rows[b][s], metric, alpha=alpha_each,
+                                            resamples=cfg.resamples, seed=cfg.seed) for s in cfg.suites}
+                  for metric in PAIRED_METRICS}
         report["paired"] = {"model": a, "baseline": b, "metric": "acceptance", "comparisons": m,
                             "alpha_family": cfg.alpha, "alpha_each": alpha_each,
                             "level": 1 - alpha_each, "suites": paired.pop("acceptance"), "secondary": paired}

@@ -26,7 +26,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from memorywalker.metrics.stats import cost_per_accepted, wilson_interval
+from memorywalker.metrics.stats import (
+    cost_per_accepted,
+    paired_bootstrap_nested,
+    paired_seed_differences,
+    wilson_interval,
+)
 from memorywalker.records.schema import Call, Message, ToolCall, ToolSchema, Trajectory
 from memorywalker.render.toolcalls import call_arguments
 
@@ -230,3 +235,13 @@ def per_task_seeds(rows: list[dict[str, Any]], metric: str) -> dict[str, dict[in
     for r in rows:
         out.setdefault(r["task"], {})[int(r.get("sample", 0))] = trial_value(r, metric)
     return out
+
+
+def paired_metric(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str, *, alpha: float = 0.05,
+                  resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """``a`` minus ``b`` for one :data:`PAIRED_METRICS` entry, paired by task and seed: the estimate, its
+    interval at level 1 - alpha (:func:`~memorywalker.metrics.stats.paired_bootstrap_nested`), the counts."""
+    diffs = paired_seed_differences(per_task_seeds(a, metric), per_task_seeds(b, metric))
+    mean, lo, hi = paired_bootstrap_nested(diffs, alpha=alpha, resamples=resamples, seed=seed)
+    return {"tasks": len(diffs), "seeds": sum(len(d) for d in diffs.values()), "difference": mean, "ci": [lo, hi],
+            "significant": not lo <= 0.0 <= hi}

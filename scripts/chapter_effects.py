@@ -17,24 +17,37 @@ then from that warm start:
    familiar schema (test tasks), on a renamed one whose seed no training record used (train tasks), and
    on a renamed one with 4 distractor tools (test tasks): reward, SFA and PRE per regime, paired.
 
+3. **Distillation** (16.9): the teacher is the demo's GRPO model (tree-mask SFT, then GRPO under
+   claude-code, from this warm start); its greedy episodes on the expert's claude-code training tasks. A
+   smaller student (the kit with half the decoder layers, its own pretraining and warm start, the same
+   tokenizer) is fine-tuned on the teacher's verified episodes or on the expert's, on the tasks both solved
+   (the same tasks and count; only the episodes differ). Teacher and both students evaluated, paired.
+4. **ACC**: each training task's first verified expert episode compiled into one long-context QA record
+   (the opened boxes' observations, other boxes' as distractors, 256 tokens; ``compile-acc``); SFT on the
+   expert episodes with those records mixed in against the same steps without them; held-out QA accuracy
+   (the careful expert's test episodes compiled the same way) and held-out reward, each paired.
+
 Every comparison is paired by task and seed with ``memorywalker eval``'s test (acceptance, and beside it
-act calls, tokens and the malformed share: 16.11's cost and validity). Distillation (16.9) and ACC are
-not in this script yet. Writes ``OUT/results.json`` and ``OUT/tables.md`` and prints the tables and the wall
-time; a section already in ``OUT/seed-S/<section>.json`` is read, not rerun.
+act calls, tokens and the malformed share: 16.11's cost and validity). Context distillation
+(``distill --strip-guidance``) is not here: the vault's prompt carries no guidance block to strip. Writes
+``OUT/results.json`` and ``OUT/tables.md`` and prints the tables and the wall time; a section already in
+``OUT/seed-S/<section>.json`` is read, not rerun, and a training run a cut-off section finished is reused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
-KNOWN = ("dagger", "augment")
+KNOWN = ("dagger", "augment", "distill", "acc")
 SCHEMA_SEEDS = 16  # interfaces the augmented copies are drawn from (seeds 1..16; the held-out one is 10,000)
+ACC_BUDGET = 256  # tokens of a compiled record's documents + question (2 boxes' observations and distractors)
 
 
 def settings(size: str, seed: int):
@@ -81,6 +94,9 @@ def sft(cfg, prep: dict, trajectories, run_dir: Path) -> str:
     """The demo's SFT (its steps, lr, batch) from the warm start on ``trajectories``; the final checkpoint."""
     from memorywalker.recipes import sft as sft_recipe
 
+    if (run_dir / "final" / "config.json").is_file():  # finished by an earlier run of this section
+        return str(run_dir / "final")
+    shutil.rmtree(run_dir, ignore_errors=True)  # cut off: trained again from the start
     res = sft_recipe.train(sft_recipe.SFTConfig(
         model=prep["warm_dir"], tokenizer=prep["tok_dir"], run_dir=str(run_dir), method="radix", steps=cfg.sft_steps,
         batch_size=min(cfg.sft_batch, len(trajectories)), lr=cfg.sft_lr, warmup_steps=min(5, cfg.sft_steps - 1),
@@ -176,6 +192,101 @@ def augment(cfg, prep: dict, out: Path) -> dict:
     return result
 
 
+# --- 3. distillation: a smaller student on the GRPO teacher's verified episodes against the expert's --------
+
+def distill(cfg, prep, out: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from memorywalker.eval.evaluate import load_candidate, make_env, run_suite
+    from memorywalker.recipes.demo import MethodJob, run_method
+    from memorywalker.records import read_trajectories
+    from memorywalker.rollout import HarnessConfig
+    from memorywalker.transforms.distill import verified_success
+
+    tok = AutoTokenizer.from_pretrained(prep["tok_dir"])
+    ecfg = eval_config(cfg)
+    env = make_env(ecfg)
+    # the teacher: the demo's tree-mask SFT then GRPO under claude-code, from this seed's warm start
+    done = out / "teacher.json"
+    if not done.is_file():
+        for stage in ("sft", "rl"):  # a teacher cut off is trained again from the start
+            shutil.rmtree(out / "demo" / f"{stage}-teacher", ignore_errors=True)
+        trained, _ = run_method(MethodJob(cfg, str(out / "demo"), "tree-mask", prep["warm_dir"], rl=True, label="teacher"))
+        done.write_text(json.dumps(trained, default=float))
+    trained = json.loads(done.read_text())
+    teacher_dir = str(out / "demo" / "rl-teacher" / "final")
+    # its greedy episodes on the expert's claude-code training tasks (the first of the train split, as the expert's)
+    tcfg = replace(ecfg, split="train", n=cfg.sft_episodes // len(cfg.harnesses))
+    run_suite(env, load_candidate(teacher_dir, "teacher", tcfg, tokenizer=tok), HarnessConfig.of(tcfg), tcfg, cfg.suite,
+              out / "teacher-episodes.jsonl")
+    teacher = {t.task.id: t for t in read_trajectories(out / "teacher-episodes.jsonl") if verified_success(t)}
+    expert = {t.task.id: t for t in read_trajectories(out / "demo" / "expert.jsonl")
+              if t.meta["harness"]["name"] == "claude-code" and verified_success(t)}
+    tasks = sorted(teacher.keys() & expert.keys())  # both verified: the same tasks, only the episodes differ
+    result = {"teacher_verified": len(teacher), "expert_verified": len(expert), "episodes": len(tasks),
+              "teacher_rl_reward": float(np.mean(trained["rl"]["claude-code"]["rewards"]))}
+    if not tasks:  # nothing to distil (the tiny size's teacher solves nothing): said, not trained
+        return {**result, "skipped": "no task both the teacher and the expert solved"}
+    # the student: the demo's kit with fewer layers, its own pretraining and warm start, the same tokenizer
+    scfg = replace(cfg, num_layers=max(1, cfg.num_layers // 2))  # half the decoder layers
+    sprep = prepared(scfg, out / "student")
+    if (Path(sprep["tok_dir"]) / "tokenizer.json").read_text() != (Path(prep["tok_dir"]) / "tokenizer.json").read_text():
+        raise SystemExit(f"{out / 'student'}: its kit tokenizer differs from the teacher's; the episodes' ids would not be its")
+    rows = {"teacher": run_suite(env, load_candidate(teacher_dir, "teacher", ecfg, tokenizer=tok), HarnessConfig.of(ecfg),
+                                 ecfg, cfg.suite, out / "eval-teacher.jsonl")}
+    for arm, source in (("from-teacher", teacher), ("from-expert", expert)):
+        model = sft(scfg, sprep, [source[t] for t in tasks], out / f"student-{arm}")
+        rows[arm] = run_suite(env, load_candidate(model, arm, ecfg, tokenizer=tok), HarnessConfig.of(ecfg), ecfg,
+                              cfg.suite, out / f"eval-student-{arm}.jsonl")
+    return {**result, "student_layers": scfg.num_layers, "teacher_layers": cfg.num_layers,
+            "acceptance": {arm: float(np.mean([r["accepted"] for r in rs])) for arm, rs in rows.items()},
+            "paired": paired(rows["from-teacher"], rows["from-expert"], cfg.seed)}
+
+
+# --- 4. ACC: compiled long-context QA trained in, against the same steps without it ---------------------------
+
+def acc(cfg, prep, out: Path) -> dict:
+    from collections import Counter
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memorywalker.eval.evaluate import load_candidate, make_env, run_suite
+    from memorywalker.metrics.stats import paired_bootstrap, paired_differences
+    from memorywalker.records import read_trajectories
+    from memorywalker.rollout import HarnessConfig, rollout
+    from memorywalker.transforms.acc import compile_record, qa_accuracy
+
+    tok = AutoTokenizer.from_pretrained(prep["tok_dir"])
+    ecfg = eval_config(cfg)
+    env = make_env(ecfg)
+    expert = read_trajectories(out / "demo" / "expert.jsonl")
+    compiled, rejected = {}, Counter()
+    for t in expert:  # one record per task (both harnesses ran the same tasks): its first verified episode's
+        if t.task.id not in compiled:
+            rec, why = compile_record(t, env, tok, budget=ACC_BUDGET, seed=cfg.seed)
+            compiled.update({t.task.id: rec} if rec else {})
+            rejected.update([why] if why else [])
+    # held-out QA: the careful expert's uncompressed episodes of the evaluation's test tasks, compiled the same way
+    held, _ = rollout(env, env.expert(0.0), tok, HarnessConfig("none", max_steps=cfg.max_steps), suite=cfg.suite,
+                      n=cfg.eval_tasks, seed=cfg.seed, split="test")
+    heldout = [r for t in held if (r := compile_record(t, env, tok, budget=ACC_BUDGET, seed=cfg.seed)[0])]
+    rows, qa = {}, {}
+    for arm, data in (("sft", expert), ("sft+acc", expert + list(compiled.values()))):
+        model = sft(cfg, prep, data, out / f"acc-{arm}")
+        rows[arm] = run_suite(env, load_candidate(model, arm, ecfg, tokenizer=tok), HarnessConfig.of(ecfg), ecfg,
+                              cfg.suite, out / f"eval-acc-{arm}.jsonl")
+        qa[arm] = qa_accuracy(AutoModelForCausalLM.from_pretrained(model).eval(), tok, heldout,
+                              max_new_tokens=cfg.max_new_tokens)
+    d = paired_differences(qa["sft+acc"], qa["sft"])
+    mean, lo, hi = paired_bootstrap(d, seed=cfg.seed)
+    return {"records": len(expert), "compiled": len(compiled), "rejected": dict(rejected), "budget": ACC_BUDGET,
+            "heldout_qa": len(heldout), "qa_accuracy": {arm: float(np.mean(list(v.values()))) for arm, v in qa.items()},
+            "qa_per_task": qa,
+            "acceptance": {arm: float(np.mean([r["accepted"] for r in rs])) for arm, rs in rows.items()},
+            "paired": {**paired(rows["sft+acc"], rows["sft"], cfg.seed),
+                       "qa": {"tasks": len(d), "difference": mean, "ci": [lo, hi]}}}
+
+
 # --- tables -------------------------------------------------------------------------------------------------
 
 def _diff(p: dict) -> str:
@@ -223,6 +334,35 @@ def tables(results: dict) -> str:
             ps = [results["seeds"][s]["augment"]["regimes"][regime]["paired"] for s in got]
             lines.append(f"* {regime}: reward {_holds([p['acceptance'] for p in ps])}; SFA {_holds([p['sfa'] for p in ps])}.")
         lines.append("")
+    got = [s for s in seeds if "distill" in results["seeds"][s]]
+    if got:
+        lines += ["### Distillation: a smaller student on the GRPO teacher's verified episodes against the expert's", "",
+                  "| seed | episodes (teacher / expert verified) | teacher | student from teacher | student from expert | "
+                  "teacher − expert data, reward [95 %] | act calls | tokens | malformed share |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in got:
+            d = results["seeds"][s]["distill"]
+            if "skipped" in d:
+                lines.append(f"| {s} | 0 ({d['teacher_verified']} / {d['expert_verified']}) | {d['skipped']} |||||||")
+                continue
+            a, p = d["acceptance"], d["paired"]
+            lines.append(f"| {s} | {d['episodes']} ({d['teacher_verified']} / {d['expert_verified']}) | {a['teacher']:.3f} | "
+                         f"{a['from-teacher']:.3f} | {a['from-expert']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
+                         f"{_diff(p['tokens'])} | {_diff(p['malformed'])} |")
+        ps = [results["seeds"][s]["distill"]["paired"]["acceptance"] for s in got if "paired" in results["seeds"][s]["distill"]]
+        lines += ["", f"Teacher − expert data: {_holds(ps)}.", ""]
+    got = [s for s in seeds if "acc" in results["seeds"][s]]
+    if got:
+        lines += ["### ACC: compiled QA trained in, against the same steps without it", "",
+                  "| seed | compiled / held-out QA | QA sft / +acc | +acc − sft QA [95 %] | reward sft / +acc | "
+                  "+acc − sft reward [95 %] | act calls | tokens |", "|---|---|---|---|---|---|---|---|"]
+        for s in got:
+            d = results["seeds"][s]["acc"]
+            q, a, p = d["qa_accuracy"], d["acceptance"], d["paired"]
+            lines.append(f"| {s} | {d['compiled']} / {d['heldout_qa']} | {q['sft']:.3f} / {q['sft+acc']:.3f} | {_diff(p['qa'])} | "
+                         f"{a['sft']:.3f} / {a['sft+acc']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
+                         f"{_diff(p['tokens'])} |")
+        ps = [results["seeds"][s]["acc"]["paired"] for s in got]
+        lines += ["", f"+acc − sft: QA {_holds([p['qa'] for p in ps])}; reward {_holds([p['acceptance'] for p in ps])}.", ""]
     return "\n".join(lines)
 
 
@@ -262,7 +402,7 @@ def main() -> None:
                 n = args.dagger_n or {"full": 40, "quick": 4, "tiny": 2}[args.size]
                 here[section] = dagger(cfg, prep, out, rounds=args.dagger_rounds, n=n)
             else:
-                here[section] = augment(cfg, prep, out)
+                here[section] = {"augment": augment, "distill": distill, "acc": acc}[section](cfg, prep, out)
             here[section]["seconds"] = seconds[section] = round(time.monotonic() - t0, 1)
             done.write_text(json.dumps(here[section], indent=2, default=float))
         results["seconds"][str(seed)] = seconds

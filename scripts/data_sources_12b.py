@@ -55,7 +55,7 @@ results["paired sft+aug - sft (95%)"] = {r: paired(rows["sft+aug"][r]["lookup"],
 # --- ACC: compiled-QA-trained vs agent-SFT-trained, held-out compiled QA ---------------------------------
 def compiled(split, n):
     trajs, _ = rollout(env, ExpertPolicy(), tok, HarnessConfig("none"), suite="lookup", n=n, split=split)
-    return trajs, [r for t in trajs if (r := compile_record(t, env.world, tok, budget=1200, seed=0)[0])]
+    return trajs, [r for t in trajs if (r := compile_record(t, env, tok, budget=1200, seed=0)[0])]
 
 
 _, acc_train = compiled("train", N_TRAIN)

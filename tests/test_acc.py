@@ -29,7 +29,7 @@ def test_gold_evidence_whole_and_within_budget(episodes, tokenizer, budget):
     env, trajs = episodes
     admitted = 0
     for t in trajs:
-        rec, why = compile_record(t, env.world, tokenizer, budget=budget, seed=0)
+        rec, why = compile_record(t, env, tokenizer, budget=budget, seed=0)
         opened, listed = visited_and_candidates(t)
         gold_tokens = sum(n_tokens(tokenizer, f"Document [{p}]\n{env.world.pages[p].text}") for p in opened)
         if rec is None:
@@ -51,17 +51,17 @@ def test_gold_evidence_whole_and_within_budget(episodes, tokenizer, budget):
 def test_order_changes_with_the_seed(episodes, tokenizer):
     env, trajs = episodes
     t = next(t for t in trajs if len(visited_and_candidates(t)[0]) + len(visited_and_candidates(t)[1]) >= 4)
-    orders = {tuple(compile_record(t, env.world, tokenizer, budget=4000, seed=s)[0].meta["acc"]["order"])
+    orders = {tuple(compile_record(t, env, tokenizer, budget=4000, seed=s)[0].meta["acc"]["order"])
               for s in range(4)}
     assert len(orders) > 1
-    same = [compile_record(t, env.world, tokenizer, budget=4000, seed=1)[0] for _ in range(2)]
+    same = [compile_record(t, env, tokenizer, budget=4000, seed=1)[0] for _ in range(2)]
     assert same[0].messages[1].content == same[1].messages[1].content  # seeded: reproducible
 
 
 def test_wrong_answers_are_not_admitted(episodes, tokenizer):
     env, trajs = episodes
     bad = trajs[0].model_copy(deep=True, update={"reward": 0.0, "outcome": {**trajs[0].outcome, "answer": "nope"}})
-    assert compile_record(bad, env.world, tokenizer, budget=4000)[0] is None
+    assert compile_record(bad, env, tokenizer, budget=4000)[0] is None
     assert qa_answer("- X | founded: 1\nAnswer: 1900 ") == "1900"
 
 
@@ -78,3 +78,57 @@ def test_compile_acc_cli(episodes, tokenizer, tmp_path, kit):
     assert res.exit_code == 0, res.output
     s = json.loads(res.output.strip().splitlines()[-1])
     assert s["written"] == len(trajs) and s["token_expansion"] > 0
+
+
+def test_corpus_episodes_compile_with_their_evidence_documents(tokenizer):
+    """The corpus expert searches the question once (5 results) and opens each evidence document: the gold
+    documents are exactly the task's evidence ids, each the corpus document's whole text; the distractors are
+    the other listed results (5 minus the evidence found among them, at most); the target is its answer."""
+    from memorywalker.rollout.environments.corpus.env import CorpusEnv
+    from memorywalker.transforms.acc import env_of
+
+    env = CorpusEnv()
+    trajs = [run_episode(env, env.task("all", i), env.expert(), tokenizer, HarnessConfig("none")) for i in range(3)]
+    for t in trajs:
+        assert env_of(t).name == "corpus"
+        rec, why = compile_record(t, env_of(t), tokenizer, budget=100_000, seed=0)
+        assert rec is not None, why
+        acc = rec.meta["acc"]
+        assert acc["gold"] == t.task.meta["evidence"]
+        assert sorted(acc["order"]) == sorted(acc["gold"] + acc["distractors"])
+        assert set(acc["gold"]).isdisjoint(acc["distractors"]) and len(acc["distractors"]) <= 5
+        for d in acc["gold"]:
+            assert f"Document [{d}]\n{env.corpus.get(d).text}" in rec.messages[1].content
+        assert rec.messages[2].content == f"Answer: {t.outcome['answer']}"
+
+
+def test_vault_episodes_compile_with_the_boxes_they_opened(tokenizer):
+    """A recall-2 expert episode opens its 2 boxes: gold = those boxes' observations as recorded (each holds
+    'The label reads: BOX CODE'); distractors = other boxes of the same task's world, as many as fit the
+    budget; the target is 'Answer: ' + the task's answer; a budget below the gold alone rejects it."""
+    from memorywalker.rollout.environments.vault.env import VaultEnv
+
+    env = VaultEnv(0)
+    t = run_episode(env, env.task("recall-2", 0), env.expert(), tokenizer, HarnessConfig("none"))
+    assert t.reward == 1.0
+    boxes, codes = t.task.meta["boxes"], t.task.meta["codes"]
+    rec, why = compile_record(t, VaultEnv(0), tokenizer, budget=400, seed=0)
+    assert rec is not None, why
+    user = rec.messages[1].content
+    assert rec.meta["acc"]["gold"] == boxes
+    for b, c in zip(boxes, codes, strict=True):
+        assert f"Document [{b}]\nThe label reads: {b} {c}\n" in user
+    assert rec.meta["acc"]["distractors"] and not set(rec.meta["acc"]["distractors"]) & set(boxes)
+    assert n_tokens(tokenizer, user) <= 400
+    assert rec.messages[2].content == f"Answer: {t.task.answer}"
+    assert compile_record(t, VaultEnv(0), tokenizer, budget=20, seed=0) == (None, "gold evidence exceeds the budget 20")
+
+
+def test_an_environment_without_documents_is_refused_in_one_line(episodes):
+    from memorywalker.errors import InputError
+    from memorywalker.transforms.acc import env_of
+
+    _, trajs = episodes
+    other = trajs[0].model_copy(update={"meta": {**trajs[0].meta, "env": {"name": "maze"}}})
+    with pytest.raises(InputError, match="an environment with documents .*not 'maze'"):
+        env_of(other)

@@ -75,3 +75,41 @@ def test_augmentation_is_evaluated_on_the_familiar_and_two_renamed_schemas(run):
         assert r["sft"]["acceptance"] == pytest.approx(sum(x["accepted"] for x in rows["sft"]) / 2)
     assert "Schema augmentation" in stdout and (out / "tables.md").read_text().startswith("### DAgger")
     assert json.loads((out / "seed-0" / "dagger.json").read_text())["labels"] == results["seeds"]["0"]["dagger"]["labels"]
+
+
+def test_distillation_compares_students_on_the_tasks_both_sources_solved(run):
+    """The teacher's verified episodes are those of its greedy training-task run with reward 1 and an answer;
+    the expert's, its claude-code episodes with the same; the students train on the tasks in both. At the tiny
+    size the teacher solves none, so no student is trained and the table says why."""
+    out, results, stdout = run
+    d = results["seeds"]["0"]["distill"]
+
+    def verified(path, harness=None):
+        return {t.task.id for t in read_trajectories(path) if t.reward == 1.0 and t.outcome.get("termination") == "answered"
+                and harness in (None, t.meta["harness"]["name"])}
+
+    teacher = verified(out / "seed-0" / "teacher-episodes.jsonl")
+    expert = verified(out / "seed-0" / "demo" / "expert.jsonl", "claude-code")
+    assert (d["teacher_verified"], d["expert_verified"], d["episodes"]) == (len(teacher), len(expert), len(teacher & expert))
+    rewards = [t.reward for t in read_trajectories(out / "seed-0" / "demo" / "eval-rl-teacher-claude-code.jsonl")]
+    assert d["teacher_rl_reward"] == pytest.approx(sum(rewards) / len(rewards))
+    assert len(read_trajectories(out / "seed-0" / "teacher-episodes.jsonl")) == 4  # the expert's 4 claude-code tasks
+    if not d["episodes"]:
+        assert d["skipped"] and "no task both the teacher and the expert solved" in stdout
+
+
+def test_acc_trains_one_compiled_record_per_verified_task_and_pairs_qa_by_task(run):
+    """One compiled record per training task with a verified episode (2 boxes' observations fit the 256-token
+    budget, so none is rejected for it); held-out QA from the careful expert's uncompressed test episodes (all
+    verified: one record per evaluation task); the QA difference is the mean of the per-task differences."""
+    out, results, stdout = run
+    d = results["seeds"]["0"]["acc"]
+    solved = {t.task.id for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl") if t.reward == 1.0}
+    assert d["compiled"] == len(solved) and set(d["rejected"]) <= {"answer not verified right"}
+    assert d["heldout_qa"] == 2
+    qa = d["qa_per_task"]
+    assert qa["sft"].keys() == qa["sft+acc"].keys() and len(qa["sft"]) == 2
+    assert d["paired"]["qa"]["difference"] == pytest.approx(sum(qa["sft+acc"][t] - qa["sft"][t] for t in qa["sft"]) / 2)
+    for arm in ("sft", "sft+acc"):
+        assert d["acceptance"][arm] == pytest.approx(sum(accepted(out / "seed-0" / f"eval-acc-{arm}.jsonl").values()) / 2)
+    assert "ACC: compiled QA trained in" in stdout

@@ -1,18 +1,21 @@
 """Agent Context Compilation (ACC): a trajectory compiled into one long-context QA record.
 
-    memorywalker compile-acc expert.jsonl -o acc.jsonl --budget 1024 --seed 0
+    memorywalker compile-acc episodes.jsonl -o acc.jsonl --budget 1024 --seed 0
 
 Agent SFT supervises an answer through a long chain of turns; the compiled record puts the evidence and the
-answer in one context so the answer's gradient reaches every evidence token directly. For each trajectory:
+answer in one context so the answer's gradient reaches every evidence token directly. For each trajectory
+of an environment with documents (``websearch`` pages, ``corpus`` documents, ``vault`` boxes):
 
-* **gold evidence** — the full text of every page the agent opened (a successful ``open``);
-* **distractors** — the pages its searches listed but it never opened;
-* **packing** — gold pages always go in whole; distractors, in a seeded order, go in whole while they fit
-  the token budget ``B`` (the user message: documents + question), the first that does not fit is cut to
-  the remaining tokens; then all documents are shuffled with the seed. A trajectory whose gold evidence
+* **gold evidence** — the full text of every document the agent opened (an ``open`` whose result served
+  it): the page or the corpus document from the environment, the box's observation as recorded;
+* **distractors** — the documents its searches listed but it never opened (``websearch``, ``corpus``);
+  in the ``vault``, the observations of the boxes its task does not name (the task's world replayed);
+* **packing** — gold documents always go in whole; distractors, in a seeded order, go in whole while they
+  fit the token budget ``B`` (the user message: documents + question), the first that does not fit is cut
+  to the remaining tokens; then all documents are shuffled with the seed. A trajectory whose gold evidence
   alone exceeds ``B`` is rejected — truncation never drops gold evidence;
-* **target** — the expert's notes (its reasoning trace: one fact per line) and ``Answer: ...``, admitted only
-  when the trajectory's answer was right (reward 1.0).
+* **target** — the agent's notes where they are facts (``websearch``: one per line) and ``Answer: ...``,
+  admitted only when the environment verified the answer (reward 1.0).
 """
 
 from __future__ import annotations
@@ -27,35 +30,65 @@ from memorywalker.errors import InputError
 from memorywalker.records import TrajectoryReader, write_trajectories
 from memorywalker.records.derive import derive
 from memorywalker.records.schema import Call, Message, Trajectory
+from memorywalker.render.toolcalls import call_arguments
 from memorywalker.render.types import message_to_hf
-from memorywalker.rollout import WebSearchEnv
 from memorywalker.rollout.environments.base import exact_match
-from memorywalker.rollout.environments.websearch.expert import NOTE_RE, RESULT_RE
+from memorywalker.rollout.environments.vault.env import NAMES
+from memorywalker.rollout.environments.websearch.expert import NOTE_RE
 from memorywalker.transforms.augment import render_tokens
 
-TRANSFORM, VERSION = "compile-acc", "1"
+TRANSFORM, VERSION = "compile-acc", "2"
 SYSTEM = "Answer the question from the documents. Write the facts you use, one per line, then 'Answer: ...'."
 MIN_CUT = 16  # a distractor cut below this many tokens is left out
+ENVS = ("websearch", "corpus", "vault")
+# the argument of ``open`` naming the document, and a search result line's id (first group), per environment
+OPEN_ARG = {"websearch": "page", "corpus": "docid", "vault": "box"}
+RESULT_ID = re.compile(r"^\d+\. \[([^\]]+)\]", re.M)
+FAILED = ("Error", "Warning: served from a stale cache")  # an open that served nothing (corpus's faults too)
 
 
-def visited_and_candidates(traj: Trajectory) -> tuple[list[str], list[str]]:
-    """(page ids opened successfully, in order; page ids listed by searches but never opened)."""
-    results = {m.tool_call_id: m.content for m in traj.messages if m.role == "tool"}
+def visited_and_candidates(traj: Trajectory, env_name: str = "websearch") -> tuple[list[str], list[str]]:
+    """(document ids opened successfully, in order; ids listed by searches but never opened)."""
+    results = {m.tool_call_id: m for m in traj.messages if m.role == "tool"}
     opened, listed = [], []
     for m in traj.messages:
         for tc in m.tool_calls:
-            obs = results.get(tc.id, "")
-            if tc.name == "open" and isinstance(tc.arguments, dict) and not obs.startswith("Error"):
-                pid = str(tc.arguments.get("page", "")).strip().strip("[]")
-                if pid not in opened:
-                    opened.append(pid)
+            obs = results.get(tc.id)
+            if obs is None or obs.content.startswith(FAILED) or obs.meta.get("fault"):
+                continue
+            if tc.name == "open" and (args := call_arguments(tc.arguments)) is not None:
+                doc = str(args.get(OPEN_ARG[env_name], "")).strip().strip("[]")
+                if doc and doc not in opened:
+                    opened.append(doc)
             elif tc.name == "search":
-                listed += [pid for pid, _ in RESULT_RE.findall(obs) if pid not in listed]
-    return opened, [p for p in listed if p not in opened]
+                listed += [d for d in RESULT_ID.findall(obs.content) if d not in listed]
+    return opened, [d for d in listed if d not in opened]
 
 
-def document(page) -> str:
-    return f"Document [{page.id}]\n{page.text}"
+def documents(traj: Trajectory, env) -> tuple[list[str], list[str]]:
+    """``traj``'s (gold, distractor) documents in ``env`` (the environment it ran in), each as
+    ``Document [id]`` and its text."""
+    opened, listed = visited_and_candidates(traj, env.name)
+    if env.name == "websearch":
+        return ([document(p, env.world.pages[p].text) for p in opened if p in env.world.pages],
+                [document(p, env.world.pages[p].text) for p in listed if p in env.world.pages])
+    if env.name == "corpus":
+        return ([document(d, env.corpus.get(d).text) for d in opened if env.corpus.get(d) is not None],
+                [document(d, env.corpus.get(d).text) for d in listed if env.corpus.get(d) is not None])
+    # vault: a box's observation as the episode recorded it; the other boxes' from the task's world replayed
+    seen = {tc.id: call_arguments(tc.arguments) or {} for m in traj.messages for tc in m.tool_calls if tc.name == "open"}
+    observed = {}
+    for m in traj.messages:
+        if m.role == "tool" and m.tool_call_id in seen and not m.content.startswith(FAILED):
+            observed.setdefault(str(seen[m.tool_call_id].get("box", "")).strip().lower(), m.content)
+    env.reset(traj.task)
+    others = [b for b in NAMES if b not in traj.task.meta["boxes"] and b not in opened]
+    return ([document(b, observed[b]) for b in opened if b in observed],
+            [document(b, env.step("open", {"box": b}).observation) for b in others])
+
+
+def document(doc_id: str, text: str) -> str:
+    return f"Document [{doc_id}]\n{text}"
 
 
 def context_text(docs: list[str], question: str) -> str:
@@ -101,34 +134,35 @@ def pack(gold: list[str], distractors: list[str], question: str, tokenizer, budg
 
 
 def reasoning_trace(traj: Trajectory) -> str:
-    """The notes of the last assistant turn that wrote any (the expert restates all its notes each turn)."""
+    """The notes of the last assistant turn that wrote any (the web-search expert restates all its notes each
+    turn, one fact per line)."""
     for m in reversed(traj.messages):
         if m.role == "assistant" and NOTE_RE.search(m.content):
             return "\n".join(f"- {e} | {a}: {v}" for e, a, v in NOTE_RE.findall(m.content))
     return ""
 
 
-def compile_record(parent: Trajectory, world, tokenizer, *, budget: int, seed: int = 0,
+def compile_record(parent: Trajectory, env, tokenizer, *, budget: int, seed: int = 0,
                    index: int = 0) -> tuple[Trajectory | None, str]:
-    """``(compiled record, "")`` or ``(None, reason)`` (a wrong answer, or gold evidence over budget)."""
+    """``(compiled record, "")`` or ``(None, reason)`` (an answer not verified right, no document opened, or
+    gold evidence over budget). ``env``: the environment ``parent`` ran in (:func:`env_of`)."""
     answer = (parent.outcome or {}).get("answer")
     if parent.reward != 1.0 or answer is None or parent.task is None:
         return None, "answer not verified right"
-    if exact_match(str(answer), parent.task.answer or "") != 1.0:
+    if env.name == "websearch" and exact_match(str(answer), parent.task.answer or "") != 1.0:
         return None, "answer not verified right"
-    opened, listed = visited_and_candidates(parent)
-    gold = [document(world.pages[p]) for p in opened if p in world.pages]
+    gold, distractors = documents(parent, env)
     if not gold:
-        return None, "no page opened"
-    distractors = [document(world.pages[p]) for p in listed if p in world.pages]
+        return None, "no document opened"
     question = parent.task.meta.get("question", "")
-    packed = pack(gold, distractors, question, tokenizer, budget, seed)
-    if packed is None:
+    docs = pack(gold, distractors, question, tokenizer, budget, seed)
+    if docs is None:
         return None, f"gold evidence exceeds the budget {budget}"
-    docs = packed
     order = [re.match(r"Document \[([^\]]+)\]", d).group(1) if d.startswith("Document [") else "?" for d in docs]
+    opened = [re.match(r"Document \[([^\]]+)\]", d).group(1) for d in gold]
     user = context_text(docs, question)
-    target = f"{reasoning_trace(parent)}\nAnswer: {answer}".lstrip()
+    trace = reasoning_trace(parent) if env.name == "websearch" else ""  # the others' notes are no such facts
+    target = f"{trace}\nAnswer: {answer}".lstrip()
     messages = [Message(id="m0", role="system", content=SYSTEM, author="system"),
                 Message(id="m1", role="user", content=user, author="user"),
                 Message(id="m2", role="assistant", content=target, author="model")]
@@ -139,22 +173,32 @@ def compile_record(parent: Trajectory, world, tokenizer, *, budget: int, seed: i
                   meta=meta), ""
 
 
-def world_of(traj: Trajectory):
-    cfg = {k: v for k, v in (traj.meta.get("env") or {}).items() if k != "name"}
-    if (traj.meta.get("env") or {}).get("name") != "websearch":
-        raise InputError(f"{traj.id}: compile-acc needs a websearch episode (its pages), not {traj.meta.get('env')}")
-    return WebSearchEnv(**cfg).world
+def env_of(traj: Trajectory):
+    """The environment ``traj`` ran in, rebuilt from its recorded configuration (``meta.env``)."""
+    from memorywalker.rollout import WebSearchEnv  # lazy: the environments, only for the one asked for
+    from memorywalker.rollout.environments.corpus.env import CorpusEnv
+    from memorywalker.rollout.environments.vault.env import VaultEnv
+
+    recorded = traj.meta.get("env") or {}
+    name, cfg = recorded.get("name"), {k: v for k, v in recorded.items() if k != "name"}
+    if name not in ENVS:
+        raise InputError(f"{traj.id}: compile-acc needs an episode of an environment with documents "
+                         f"({', '.join(ENVS)}), not {name!r}")
+    if name == "corpus":
+        corpus, queries = cfg.pop("corpus"), cfg.pop("queries")
+        return CorpusEnv(corpus, queries, **cfg)
+    return {"websearch": WebSearchEnv, "vault": VaultEnv}[name](**cfg)
 
 
 def compile_file(src, out, tokenizer, *, budget: int, seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """Compile every record of ``src`` into ``out``; the counts, rejection reasons and token expansion."""
-    worlds: dict[str, Any] = {}
+    envs: dict[str, Any] = {}
     out_recs, reasons, tp, tc = [], {}, 0, 0
     parents = list(TrajectoryReader(src))
     for p in tqdm(parents, desc="compile-acc", unit="rec", disable=not progress):
         key = repr(sorted((p.meta.get("env") or {}).items()))
-        world = worlds.setdefault(key, world_of(p))
-        rec, why = compile_record(p, world, tokenizer, budget=budget, seed=seed)
+        env = envs.setdefault(key, env_of(p))
+        rec, why = compile_record(p, env, tokenizer, budget=budget, seed=seed)
         if rec is None:
             reasons[why] = reasons.get(why, 0) + 1
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,9 @@ def dangling(kit, rank: int) -> dict:
 def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    # this rank's stderr to a file the fixture quotes if the rank dies (a C++ abort leaves no Python traceback)
+    log = open(Path(root) / f"rank{rank}.stderr", "w")  # noqa: SIM115 - fd 2 points at it until the process ends
+    os.dup2(log.fileno(), 2)
     torch.set_num_threads(1)
     try:
         for name, (recipe, kw) in cases(kit, Path(root)).items():
@@ -158,13 +162,21 @@ def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
         torch.save(dangling(kit, rank), Path(root) / f"dangling{rank}.pt")
     finally:
         dist.destroy_process_group()
+    # Everything is on disk and the group destroyed: leave without the interpreter's teardown, where a gloo
+    # thread still winding down can abort it ("terminate called without an active exception", pytorch#65237).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
 def uneven_runs(kit, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp-uneven")
     cases(kit, root)  # the inputs both runs read, written once
-    mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
+    try:
+        mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
+    except mp.ProcessExitedException as err:
+        tails = {r: (root / f"rank{r}.stderr").read_text()[-3000:] for r in range(2) if (root / f"rank{r}.stderr").exists()}
+        raise AssertionError(f"{err}; the ranks' stderr ends:\n" + "\n".join(f"--- rank {r}\n{t}" for r, t in tails.items())) from err
     return root
 
 

@@ -122,6 +122,11 @@ def test_vault_episodes_compile_with_the_boxes_they_opened(tokenizer):
     assert n_tokens(tokenizer, user) <= 400
     assert rec.messages[2].content == f"Answer: {t.task.answer}"
     assert compile_record(t, VaultEnv(0), tokenizer, budget=20, seed=0) == (None, "gold evidence exceeds the budget 20")
+    # the vault reads box names case-blind: an episode that opened 'KAL' opened box kal
+    shouted = t.model_copy(deep=True)
+    call = next(tc for m in shouted.messages for tc in m.tool_calls if tc.name == "open")
+    call.arguments = {"box": call.arguments["box"].upper()}
+    assert compile_record(shouted, VaultEnv(0), tokenizer, budget=400, seed=0)[0].meta["acc"]["gold"] == boxes
 
 
 def test_an_environment_without_documents_is_refused_in_one_line(episodes):

@@ -69,13 +69,15 @@ def documents(traj: Trajectory, env) -> tuple[list[str], list[str]]:
     """``traj``'s (gold, distractor) documents in ``env`` (the environment it ran in), each as
     ``Document [id]`` and its text."""
     opened, listed = visited_and_candidates(traj, env.name)
-    if env.name == "websearch":
-        return ([document(p, env.world.pages[p].text) for p in opened if p in env.world.pages],
-                [document(p, env.world.pages[p].text) for p in listed if p in env.world.pages])
-    if env.name == "corpus":
-        return ([document(d, env.corpus.get(d).text) for d in opened if env.corpus.get(d) is not None],
-                [document(d, env.corpus.get(d).text) for d in listed if env.corpus.get(d) is not None])
+    if env.name != "vault":
+        def text(d: str) -> str | None:
+            doc = env.world.pages.get(d) if env.name == "websearch" else env.corpus.get(d)
+            return None if doc is None else doc.text
+
+        return ([document(d, text(d)) for d in opened if text(d) is not None],
+                [document(d, text(d)) for d in listed if text(d) is not None])
     # vault: a box's observation as the episode recorded it; the other boxes' from the task's world replayed
+    opened = list(dict.fromkeys(b.lower() for b in opened))  # the vault reads box names case-blind
     seen = {tc.id: call_arguments(tc.arguments) or {} for m in traj.messages for tc in m.tool_calls if tc.name == "open"}
     observed = {}
     for m in traj.messages:

@@ -44,6 +44,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+from chapter_tables import tables  # this script's folder is on the path when it runs
 
 KNOWN = ("dagger", "augment", "distill", "acc")
 SCHEMA_SEEDS = 16  # interfaces the augmented copies are drawn from (seeds 1..16; the held-out one is 10,000)
@@ -217,16 +218,21 @@ def distill(cfg, prep, out: Path) -> dict:
     teacher_dir = str(out / "demo" / "rl-teacher" / "final")
     # its greedy episodes on the expert's claude-code training tasks (the first of the train split, as the expert's)
     tcfg = replace(ecfg, split="train", n=cfg.sft_episodes // len(cfg.harnesses))
-    run_suite(env, load_candidate(teacher_dir, "teacher", tcfg, tokenizer=tok), HarnessConfig.of(tcfg), tcfg, cfg.suite,
-              out / "teacher-episodes.jsonl")
-    teacher = {t.task.id: t for t in read_trajectories(out / "teacher-episodes.jsonl") if verified_success(t)}
-    expert = {t.task.id: t for t in read_trajectories(out / "demo" / "expert.jsonl")
-              if t.meta["harness"]["name"] == "claude-code" and verified_success(t)}
-    tasks = sorted(teacher.keys() & expert.keys())  # both verified: the same tasks, only the episodes differ
-    result = {"teacher_verified": len(teacher), "expert_verified": len(expert), "episodes": len(tasks),
-              "teacher_rl_reward": float(np.mean(trained["rl"]["claude-code"]["rewards"]))}
-    if not tasks:  # nothing to distil (the tiny size's teacher solves nothing): said, not trained
-        return {**result, "skipped": "no task both the teacher and the expert solved"}
+    if not (out / "teacher-episodes.jsonl").is_file():
+        run_suite(env, load_candidate(teacher_dir, "teacher", tcfg, tokenizer=tok), HarnessConfig.of(tcfg), tcfg,
+                  cfg.suite, out / "teacher-episodes.jsonl")
+    teacher = [t for t in read_trajectories(out / "teacher-episodes.jsonl") if verified_success(t)]
+    expert_all = [t for t in read_trajectories(out / "demo" / "expert.jsonl") if t.meta["harness"]["name"] == "claude-code"]
+    expert = [t for t in expert_all if verified_success(t)]
+    k = min(len(teacher), len(expert))  # the same number of episodes from each source, in task order
+    by_task = {t.task.id: t for t in expert}
+    shared = [t for t in teacher if t.task.id in by_task]
+    result = {"teacher_verified": len(teacher), "expert_verified": len(expert), "episodes": k,
+              "teacher_rl_reward": float(np.mean(trained["rl"]["claude-code"]["rewards"])), "shared_tasks": len(shared),
+              # a verified teacher episode of a task the expert also solved: is it the expert's, message for message?
+              "identical_on_shared": sum(_messages(t) == _messages(by_task[t.task.id]) for t in shared)}
+    if not k:  # nothing to distil (the tiny size's teacher solves nothing): said, not trained
+        return {**result, "skipped": "no verified teacher episode"}
     # the student: the demo's kit with fewer layers, its own pretraining and warm start, the same tokenizer
     scfg = replace(cfg, num_layers=max(1, cfg.num_layers // 2))  # half the decoder layers
     sprep = prepared(scfg, out / "student")
@@ -234,13 +240,19 @@ def distill(cfg, prep, out: Path) -> dict:
         raise SystemExit(f"{out / 'student'}: its kit tokenizer differs from the teacher's; the episodes' ids would not be its")
     rows = {"teacher": run_suite(env, load_candidate(teacher_dir, "teacher", ecfg, tokenizer=tok), HarnessConfig.of(ecfg),
                                  ecfg, cfg.suite, out / "eval-teacher.jsonl")}
-    for arm, source in (("from-teacher", teacher), ("from-expert", expert)):
-        model = sft(scfg, sprep, [source[t] for t in tasks], out / f"student-{arm}")
+    # the expert's first k episodes unfiltered (its careless summaries in): what the verification itself buys
+    for arm, data in (("from-teacher", teacher[:k]), ("from-expert", expert[:k]), ("from-expert-unfiltered", expert_all[:k])):
+        model = sft(scfg, sprep, data, out / f"student-{arm}")
         rows[arm] = run_suite(env, load_candidate(model, arm, ecfg, tokenizer=tok), HarnessConfig.of(ecfg), ecfg,
                               cfg.suite, out / f"eval-student-{arm}.jsonl")
     return {**result, "student_layers": scfg.num_layers, "teacher_layers": cfg.num_layers,
             "acceptance": {arm: float(np.mean([r["accepted"] for r in rs])) for arm, rs in rows.items()},
-            "paired": paired(rows["from-teacher"], rows["from-expert"], cfg.seed)}
+            "paired": paired(rows["from-teacher"], rows["from-expert"], cfg.seed),
+            "paired_filter": paired(rows["from-expert"], rows["from-expert-unfiltered"], cfg.seed)}
+
+
+def _messages(t) -> list:
+    return [(m.role, m.content, [(c.name, c.arguments) for c in m.tool_calls]) for m in t.messages]
 
 
 # --- 4. ACC: compiled long-context QA trained in, against the same steps without it ---------------------------
@@ -285,85 +297,6 @@ def acc(cfg, prep, out: Path) -> dict:
             "acceptance": {arm: float(np.mean([r["accepted"] for r in rs])) for arm, rs in rows.items()},
             "paired": {**paired(rows["sft+acc"], rows["sft"], cfg.seed),
                        "qa": {"tasks": len(d), "difference": mean, "ci": [lo, hi]}}}
-
-
-# --- tables -------------------------------------------------------------------------------------------------
-
-def _diff(p: dict) -> str:
-    return f"{p['difference']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
-
-
-def _holds(ps: list[dict]) -> str:
-    """Seeds whose interval lies above 0 / below 0, of all."""
-    up = sum(p["ci"][0] > 0 for p in ps)
-    down = sum(p["ci"][1] < 0 for p in ps)
-    return f"above 0 on {up}, below 0 on {down}, of {len(ps)} seeds"
-
-
-def tables(results: dict) -> str:
-    lines = []
-    seeds = sorted(results["seeds"], key=int)
-    got = [s for s in seeds if "dagger" in results["seeds"][s]]
-    if got:
-        lines += ["### DAgger against behaviour cloning on the same verified labels", "",
-                  "| seed | labels | warm start | BC | DAgger | DAgger − BC reward [95 %] | act calls | tokens | "
-                  "malformed share | learner-state disagreement per round |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["dagger"]
-            p = d["paired"]
-            dis = ", ".join("-" if r["learner_state_disagreement"] is None else f"{r['learner_state_disagreement']:.2f}"
-                            for r in d["rounds"])
-            lines.append(f"| {s} | {d['labels']} | {d['reward']['warm']:.3f} | {d['reward']['bc']:.3f} | "
-                         f"{d['reward']['dagger']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
-                         f"{_diff(p['tokens'])} | {_diff(p['malformed'])} | {dis} |")
-        lines += ["", f"DAgger − BC reward: {_holds([results['seeds'][s]['dagger']['paired']['acceptance'] for s in got])}.", ""]
-    got = [s for s in seeds if "augment" in results["seeds"][s]]
-    if got:
-        lines += ["### Schema augmentation", "",
-                  "| seed | regime | reward sft / +aug | SFA sft / +aug | PRE sft / +aug | +aug − sft reward [95 %] | "
-                  "+aug − sft SFA [95 %] |", "|---|---|---|---|---|---|---|"]
-        for s in got:
-            for regime, r in results["seeds"][s]["augment"]["regimes"].items():
-                a, b = r["sft"], r["sft+aug"]
-                lines.append(f"| {s} | {regime} | {a['acceptance']:.3f} / {b['acceptance']:.3f} | {a['sfa']:.3f} / "
-                             f"{b['sfa']:.3f} | {a['pre']:.3f} / {b['pre']:.3f} | {_diff(r['paired']['acceptance'])} | "
-                             f"{_diff(r['paired']['sfa'])} |")
-        regimes = results["seeds"][got[0]]["augment"]["regimes"]
-        lines.append("")
-        for regime in regimes:
-            ps = [results["seeds"][s]["augment"]["regimes"][regime]["paired"] for s in got]
-            lines.append(f"* {regime}: reward {_holds([p['acceptance'] for p in ps])}; SFA {_holds([p['sfa'] for p in ps])}.")
-        lines.append("")
-    got = [s for s in seeds if "distill" in results["seeds"][s]]
-    if got:
-        lines += ["### Distillation: a smaller student on the GRPO teacher's verified episodes against the expert's", "",
-                  "| seed | episodes (teacher / expert verified) | teacher | student from teacher | student from expert | "
-                  "teacher − expert data, reward [95 %] | act calls | tokens | malformed share |", "|---|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["distill"]
-            if "skipped" in d:
-                lines.append(f"| {s} | 0 ({d['teacher_verified']} / {d['expert_verified']}) | {d['skipped']} |||||||")
-                continue
-            a, p = d["acceptance"], d["paired"]
-            lines.append(f"| {s} | {d['episodes']} ({d['teacher_verified']} / {d['expert_verified']}) | {a['teacher']:.3f} | "
-                         f"{a['from-teacher']:.3f} | {a['from-expert']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
-                         f"{_diff(p['tokens'])} | {_diff(p['malformed'])} |")
-        ps = [results["seeds"][s]["distill"]["paired"]["acceptance"] for s in got if "paired" in results["seeds"][s]["distill"]]
-        lines += ["", f"Teacher − expert data: {_holds(ps)}.", ""]
-    got = [s for s in seeds if "acc" in results["seeds"][s]]
-    if got:
-        lines += ["### ACC: compiled QA trained in, against the same steps without it", "",
-                  "| seed | compiled / held-out QA | QA sft / +acc | +acc − sft QA [95 %] | reward sft / +acc | "
-                  "+acc − sft reward [95 %] | act calls | tokens |", "|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["acc"]
-            q, a, p = d["qa_accuracy"], d["acceptance"], d["paired"]
-            lines.append(f"| {s} | {d['compiled']} / {d['heldout_qa']} | {q['sft']:.3f} / {q['sft+acc']:.3f} | {_diff(p['qa'])} | "
-                         f"{a['sft']:.3f} / {a['sft+acc']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
-                         f"{_diff(p['tokens'])} |")
-        ps = [results["seeds"][s]["acc"]["paired"] for s in got]
-        lines += ["", f"+acc − sft: QA {_holds([p['qa'] for p in ps])}; reward {_holds([p['acceptance'] for p in ps])}.", ""]
-    return "\n".join(lines)
 
 
 def main() -> None:

@@ -1,6 +1,9 @@
 """The tables ``scripts/chapter_effects.py`` prints and writes to ``OUT/tables.md``, from its ``results.json``.
 
     python scripts/chapter_tables.py runs/chapter/results.json
+
+One function per section: given ``{seed: that section's result}``, its title, column names, rows and
+the summary lines under the table.
 """
 
 from __future__ import annotations
@@ -21,72 +24,81 @@ def _holds(ps: list[dict]) -> str:
     return f"above 0 on {up}, below 0 on {down}, of {len(ps)} seeds"
 
 
+def dagger(got: dict) -> tuple:
+    rows = []
+    for s, d in got.items():
+        p = d["paired"]
+        dis = ", ".join("-" if r["learner_state_disagreement"] is None else f"{r['learner_state_disagreement']:.2f}"
+                        for r in d["rounds"])
+        rows.append([s, d["labels"], f"{d['reward']['warm']:.3f}", f"{d['reward']['bc']:.3f}", f"{d['reward']['dagger']:.3f}",
+                     _diff(p["acceptance"]), _diff(p["turns"]), _diff(p["tokens"]), _diff(p["malformed"]), dis])
+    return ("DAgger against behaviour cloning on the same verified labels",
+            ["seed", "labels", "warm start", "BC", "DAgger", "DAgger − BC reward [95 %]", "act calls", "tokens",
+             "malformed share", "learner-state disagreement per round"], rows,
+            [f"DAgger − BC reward: {_holds([d['paired']['acceptance'] for d in got.values()])}."])
+
+
+def augment(got: dict) -> tuple:
+    rows = []
+    for s, d in got.items():
+        for regime, r in d["regimes"].items():
+            a, b = r["sft"], r["sft+aug"]
+            rows.append([s, regime, f"{a['acceptance']:.3f} / {b['acceptance']:.3f}", f"{a['sfa']:.3f} / {b['sfa']:.3f}",
+                         f"{a['pre']:.3f} / {b['pre']:.3f}", _diff(r["paired"]["acceptance"]), _diff(r["paired"]["sfa"])])
+    regimes = next(iter(got.values()))["regimes"]
+    summary = [f"* {regime}: reward {_holds([d['regimes'][regime]['paired']['acceptance'] for d in got.values()])}; "
+               f"SFA {_holds([d['regimes'][regime]['paired']['sfa'] for d in got.values()])}." for regime in regimes]
+    return ("Schema augmentation", ["seed", "regime", "reward sft / +aug", "SFA sft / +aug", "PRE sft / +aug",
+                                    "+aug − sft reward [95 %]", "+aug − sft SFA [95 %]"], rows, summary)
+
+
+def distill(got: dict) -> tuple:
+    rows, done = [], []
+    for s, d in got.items():
+        head = [s, f"{d['episodes']} ({d['teacher_verified']} / {d['expert_verified']})",
+                f"{d['identical_on_shared']} of {d['shared_tasks']}"]
+        if "skipped" in d:
+            rows.append(head + [d["skipped"], "", "", "", ""])
+            continue
+        done.append(d)
+        a = d["acceptance"]
+        rows.append(head + [f"{a['teacher']:.3f}", f"{a['from-teacher']:.3f} / {a['from-expert']:.3f} / "
+                            f"{a['from-expert-unfiltered']:.3f}", _diff(d["paired"]["acceptance"]),
+                            _diff(d["paired"]["tokens"]), _diff(d["paired_filter"]["acceptance"])])
+    return ("Distillation: a smaller student on the GRPO teacher's verified episodes against the expert's",
+            ["seed", "episodes each (verified: teacher / expert)", "identical on shared tasks", "teacher",
+             "student: from teacher / from expert / expert unfiltered", "teacher − expert data, reward [95 %]", "tokens",
+             "verified − unfiltered expert, reward [95 %]"], rows,
+            [f"Teacher − expert data: {_holds([d['paired']['acceptance'] for d in done])}; verified − unfiltered: "
+             f"{_holds([d['paired_filter']['acceptance'] for d in done])}."])
+
+
+def acc(got: dict) -> tuple:
+    rows = []
+    for s, d in got.items():
+        q, a, p = d["qa_accuracy"], d["acceptance"], d["paired"]
+        rows.append([s, f"{d['compiled']} / {d['heldout_qa']}", f"{q['sft']:.3f} / {q['sft+acc']:.3f}", _diff(p["qa"]),
+                     f"{a['sft']:.3f} / {a['sft+acc']:.3f}", _diff(p["acceptance"]), _diff(p["turns"]), _diff(p["tokens"])])
+    ps = [d["paired"] for d in got.values()]
+    return ("ACC: compiled QA trained in, against the same steps without it",
+            ["seed", "compiled / held-out QA", "QA sft / +acc", "+acc − sft QA [95 %]", "reward sft / +acc",
+             "+acc − sft reward [95 %]", "act calls", "tokens"], rows,
+            [f"+acc − sft: QA {_holds([p['qa'] for p in ps])}; reward {_holds([p['acceptance'] for p in ps])}."])
+
+
+SECTIONS = {"dagger": dagger, "augment": augment, "distill": distill, "acc": acc}
+
+
 def tables(results: dict) -> str:
     lines = []
     seeds = sorted(results["seeds"], key=int)
-    got = [s for s in seeds if "dagger" in results["seeds"][s]]
-    if got:
-        lines += ["### DAgger against behaviour cloning on the same verified labels", "",
-                  "| seed | labels | warm start | BC | DAgger | DAgger − BC reward [95 %] | act calls | tokens | "
-                  "malformed share | learner-state disagreement per round |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["dagger"]
-            p = d["paired"]
-            dis = ", ".join("-" if r["learner_state_disagreement"] is None else f"{r['learner_state_disagreement']:.2f}"
-                            for r in d["rounds"])
-            lines.append(f"| {s} | {d['labels']} | {d['reward']['warm']:.3f} | {d['reward']['bc']:.3f} | "
-                         f"{d['reward']['dagger']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
-                         f"{_diff(p['tokens'])} | {_diff(p['malformed'])} | {dis} |")
-        lines += ["", f"DAgger − BC reward: {_holds([results['seeds'][s]['dagger']['paired']['acceptance'] for s in got])}.", ""]
-    got = [s for s in seeds if "augment" in results["seeds"][s]]
-    if got:
-        lines += ["### Schema augmentation", "",
-                  "| seed | regime | reward sft / +aug | SFA sft / +aug | PRE sft / +aug | +aug − sft reward [95 %] | "
-                  "+aug − sft SFA [95 %] |", "|---|---|---|---|---|---|---|"]
-        for s in got:
-            for regime, r in results["seeds"][s]["augment"]["regimes"].items():
-                a, b = r["sft"], r["sft+aug"]
-                lines.append(f"| {s} | {regime} | {a['acceptance']:.3f} / {b['acceptance']:.3f} | {a['sfa']:.3f} / "
-                             f"{b['sfa']:.3f} | {a['pre']:.3f} / {b['pre']:.3f} | {_diff(r['paired']['acceptance'])} | "
-                             f"{_diff(r['paired']['sfa'])} |")
-        regimes = results["seeds"][got[0]]["augment"]["regimes"]
-        lines.append("")
-        for regime in regimes:
-            ps = [results["seeds"][s]["augment"]["regimes"][regime]["paired"] for s in got]
-            lines.append(f"* {regime}: reward {_holds([p['acceptance'] for p in ps])}; SFA {_holds([p['sfa'] for p in ps])}.")
-        lines.append("")
-    got = [s for s in seeds if "distill" in results["seeds"][s]]
-    if got:
-        lines += ["### Distillation: a smaller student on the GRPO teacher's verified episodes against the expert's", "",
-                  "| seed | episodes each (verified: teacher / expert) | identical on shared tasks | teacher | student: "
-                  "from teacher / from expert / expert unfiltered | teacher − expert data, reward [95 %] | tokens | "
-                  "verified − unfiltered expert, reward [95 %] |", "|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["distill"]
-            head = f"| {s} | {d['episodes']} ({d['teacher_verified']} / {d['expert_verified']}) | {d['identical_on_shared']} of {d['shared_tasks']} |"
-            if "skipped" in d:
-                lines.append(f"{head} {d['skipped']} |||||")
-                continue
-            a, p, f = d["acceptance"], d["paired"], d["paired_filter"]
-            lines.append(f"{head} {a['teacher']:.3f} | {a['from-teacher']:.3f} / {a['from-expert']:.3f} / "
-                         f"{a['from-expert-unfiltered']:.3f} | {_diff(p['acceptance'])} | {_diff(p['tokens'])} | "
-                         f"{_diff(f['acceptance'])} |")
-        done = [results["seeds"][s]["distill"] for s in got if "paired" in results["seeds"][s]["distill"]]
-        lines += ["", f"Teacher − expert data: {_holds([d['paired']['acceptance'] for d in done])}; verified − unfiltered: "
-                  f"{_holds([d['paired_filter']['acceptance'] for d in done])}.", ""]
-    got = [s for s in seeds if "acc" in results["seeds"][s]]
-    if got:
-        lines += ["### ACC: compiled QA trained in, against the same steps without it", "",
-                  "| seed | compiled / held-out QA | QA sft / +acc | +acc − sft QA [95 %] | reward sft / +acc | "
-                  "+acc − sft reward [95 %] | act calls | tokens |", "|---|---|---|---|---|---|---|---|"]
-        for s in got:
-            d = results["seeds"][s]["acc"]
-            q, a, p = d["qa_accuracy"], d["acceptance"], d["paired"]
-            lines.append(f"| {s} | {d['compiled']} / {d['heldout_qa']} | {q['sft']:.3f} / {q['sft+acc']:.3f} | {_diff(p['qa'])} | "
-                         f"{a['sft']:.3f} / {a['sft+acc']:.3f} | {_diff(p['acceptance'])} | {_diff(p['turns'])} | "
-                         f"{_diff(p['tokens'])} |")
-        ps = [results["seeds"][s]["acc"]["paired"] for s in got]
-        lines += ["", f"+acc − sft: QA {_holds([p['qa'] for p in ps])}; reward {_holds([p['acceptance'] for p in ps])}.", ""]
+    for name, section in SECTIONS.items():
+        got = {s: results["seeds"][s][name] for s in seeds if name in results["seeds"][s]}
+        if not got:
+            continue
+        title, columns, rows, summary = section(got)
+        lines += [f"### {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                  *("| " + " | ".join(str(c) for c in row) + " |" for row in rows), "", *summary, ""]
     return "\n".join(lines)
 
 

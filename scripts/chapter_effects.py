@@ -1,6 +1,6 @@
 """The chapter's data techniques on the demo's vault setting, each against its control, over seeds.
 
-    python scripts/chapter_effects.py --seeds 0,1,2 --out runs/chapter [--size full|quick|tiny] [--only dagger,augment]
+    python scripts/chapter_effects.py --seeds 0,1,2 --out runs/chapter [--size full|quick|tiny] [--only dagger,augment,distill,acc]
 
 Per seed, the demo's stages 1-3 (:func:`memorywalker.recipes.demo.prepare`: kit tokenizer and model,
 copy pretraining, expert episodes, the warm start; reused from ``OUT/seed-S/demo`` when a run left them),
@@ -16,12 +16,13 @@ then from that warm start:
    without one renamed copy of each (16 interfaces, schema seeds 1-16), the same steps; evaluated on the
    familiar schema (test tasks), on a renamed one whose seed no training record used (train tasks), and
    on a renamed one with 4 distractor tools (test tasks): reward, SFA and PRE per regime, paired.
-
 3. **Distillation** (16.9): the teacher is the demo's GRPO model (tree-mask SFT, then GRPO under
    claude-code, from this warm start); its greedy episodes on the expert's claude-code training tasks. A
    smaller student (the kit with half the decoder layers, its own pretraining and warm start, the same
-   tokenizer) is fine-tuned on the teacher's verified episodes or on the expert's, on the tasks both solved
-   (the same tasks and count; only the episodes differ). Teacher and both students evaluated, paired.
+   tokenizer) is fine-tuned on as many episodes from each source, in task order: the teacher's verified
+   ones, the expert's verified ones, and the expert's unfiltered (what the verification buys). The
+   teacher and the students evaluated, paired; how many of the teacher's episodes equal the expert's on
+   the tasks both solved, counted.
 4. **ACC**: each training task's first verified expert episode compiled into one long-context QA record
    (the opened boxes' observations, other boxes' as distractors, 256 tokens; ``compile-acc``); SFT on the
    expert episodes with those records mixed in against the same steps without them; held-out QA accuracy
@@ -29,9 +30,11 @@ then from that warm start:
 
 Every comparison is paired by task and seed with ``memorywalker eval``'s test (acceptance, and beside it
 act calls, tokens and the malformed share: 16.11's cost and validity). Context distillation
-(``distill --strip-guidance``) is not here: the vault's prompt carries no guidance block to strip. Writes
+(``distill --strip-guidance``) is not here: the vault's prompt carries no guidance, and nothing that samples
+in it reads guidance text. Writes
 ``OUT/results.json`` and ``OUT/tables.md`` and prints the tables and the wall time; a section already in
-``OUT/seed-S/<section>.json`` is read, not rerun, and a training run a cut-off section finished is reused.
+``OUT/seed-S/<section>.json`` is read, not rerun, and a training run a cut-off section finished is reused
+(so a changed section needs its OUT files removed). The tables: ``scripts/chapter_tables.py``.
 """
 
 from __future__ import annotations

@@ -115,3 +115,39 @@ def test_acc_trains_one_compiled_record_per_verified_task_and_pairs_qa_by_task(r
     for arm in ("sft", "sft+acc"):
         assert d["acceptance"][arm] == pytest.approx(sum(accepted(out / "seed-0" / f"eval-acc-{arm}.jsonl").values()) / 2)
     assert "ACC: compiled QA trained in" in stdout
+
+
+def test_distillation_students_train_on_each_source_when_the_teacher_solved_tasks(run, tmp_path):
+    """The students' path, which the tiny teacher never reaches: the section reads a teacher's episodes from
+    ``teacher-episodes.jsonl`` when the file is there, so this run is given the expert's own claude-code
+    episodes as the teacher's. Then every verified teacher episode equals the expert's (identical on all
+    shared tasks), each student trains on k = min(verified) episodes, the student has half the teacher's
+    layers, and the paired difference is the mean of the per-task differences of the students' episodes."""
+    import shutil
+
+    from memorywalker.records import write_trajectories
+
+    first, _, _ = run
+    out = tmp_path / "out"
+    shutil.copytree(first / "seed-0" / "demo", out / "seed-0" / "demo")
+    shutil.copy(first / "seed-0" / "teacher.json", out / "seed-0" / "teacher.json")
+    expert = [t for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl") if t.meta["harness"]["name"] == "claude-code"]
+    write_trajectories(out / "seed-0" / "teacher-episodes.jsonl", expert)
+    res = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--seeds", "0", "--out", str(out), "--only", "distill"],
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    d = json.loads((out / "seed-0" / "distill.json").read_text())
+    solved = [t for t in expert if t.reward == 1.0]
+    assert solved, "the tiny expert solves at least one claude-code task"
+    assert d["episodes"] == d["teacher_verified"] == d["expert_verified"] == len(solved)
+    assert d["identical_on_shared"] == d["shared_tasks"] == len(solved)
+    assert (d["student_layers"], d["teacher_layers"]) == (1, 2)
+    config = json.loads((out / "seed-0" / "student-from-teacher" / "final" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    rows = {arm: accepted(out / "seed-0" / f"eval-student-{arm}.jsonl")
+            for arm in ("from-teacher", "from-expert", "from-expert-unfiltered")}
+    for arm, acc in rows.items():
+        assert d["acceptance"][arm] == pytest.approx(sum(acc.values()) / len(acc))
+    a, b = rows["from-teacher"], rows["from-expert"]
+    assert d["paired"]["acceptance"]["difference"] == pytest.approx(sum(a[t] - b[t] for t in a) / len(a))
+    assert "student: from teacher / from expert / expert unfiltered" in res.stdout

@@ -1,8 +1,10 @@
-"""scripts/chapter_effects.py at its tiny size: every section runs from the demo's own stages, and the numbers
-its tables print are recomputed here from the episodes and records it wrote.
+"""scripts/chapter_effects.py at its tiny and quick sizes: every section runs from the demo's own stages, and the
+numbers its tables print are recomputed here from the episodes and records it wrote.
 
-About 15 s on 2 cores: the demo's stages 1-3 at the test's size, two DAgger rounds with their retraining,
-behaviour cloning, and two SFT runs evaluated in three regimes.
+Tiny (default suite, about 1 minute on 2 cores with the students' run): the demo's stages 1-3 at the test's
+size, two DAgger rounds with their retraining, behaviour cloning, two SFT runs evaluated in three regimes,
+the GRPO teacher and its episodes, ACC's two arms. Quick (``-m slow``, in .ci/run): the
+same at ``demo --quick``'s settings (8 held-out tasks, 80 expert episodes per harness), about 5 minutes.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ from memorywalker.records import read_trajectories
 SCRIPT = Path(__file__).parents[1] / "scripts" / "chapter_effects.py"
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chapter")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--seeds", "0", "--out", str(out)],
-                         capture_output=True, text=True, timeout=1200)
+@pytest.fixture(scope="module", params=["tiny", pytest.param("quick", marks=pytest.mark.slow)])
+def run(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"chapter-{request.param}")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--size", request.param, "--seeds", "0", "--out", str(out)],
+                         capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), res.stdout
+
+
+def tasks(results: dict) -> int:
+    """Held-out tasks per evaluation at the run's size (2 tiny, 8 quick)."""
+    return results["config"]["eval_tasks"]
 
 
 def accepted(path: Path) -> dict[str, float]:
@@ -38,7 +45,7 @@ def test_dagger_and_behaviour_cloning_spend_the_same_labels_and_are_paired_by_ta
     from the expert's claude-code episodes that earned reward 1 (in file order), or all there are. The paired
     reward difference is the mean of DAgger's minus BC's acceptance over the same held-out tasks."""
     out, results, stdout = run
-    d = results["seeds"]["0"]["dagger"]
+    d, n = results["seeds"]["0"]["dagger"], tasks(results)
     labels = sum(len(read_trajectories(out / "seed-0" / "dagger" / f"labels-{k}.jsonl")) for k in (1, 2))
     assert d["labels"] == labels == sum(r["admitted"] for r in d["rounds"])
     verified = [t for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl")
@@ -47,13 +54,13 @@ def test_dagger_and_behaviour_cloning_spend_the_same_labels_and_are_paired_by_ta
     assert [r["beta"] for r in d["rounds"]] == [1.0, 0.0] and d["rounds"][0]["learner_states"] == 0
     a = accepted(out / "seed-0" / "dagger" / "eval-round-2.jsonl")
     b = accepted(out / "seed-0" / "eval-bc.jsonl")
-    assert a.keys() == b.keys() and len(a) == 2
+    assert a.keys() == b.keys() and len(a) == n
     p = d["paired"]["acceptance"]
-    assert p["tasks"] == 2 and p["difference"] == pytest.approx(sum(a[t] - b[t] for t in a) / 2)
+    assert p["tasks"] == n and p["difference"] == pytest.approx(sum(a[t] - b[t] for t in a) / n)
     assert p["ci"][0] <= p["difference"] <= p["ci"][1]
     tokens = {t.task.id: trial_row(t)["tokens"] for t in read_trajectories(out / "seed-0" / "eval-bc.jsonl")}
     mine = {t.task.id: trial_row(t)["tokens"] for t in read_trajectories(out / "seed-0" / "dagger" / "eval-round-2.jsonl")}
-    assert d["paired"]["tokens"]["difference"] == pytest.approx(sum(mine[t] - tokens[t] for t in mine) / 2)
+    assert d["paired"]["tokens"]["difference"] == pytest.approx(sum(mine[t] - tokens[t] for t in mine) / n)
     assert "DAgger against behaviour cloning" in stdout and "DAgger − BC reward: above 0 on" in stdout
 
 
@@ -63,16 +70,16 @@ def test_augmentation_is_evaluated_on_the_familiar_and_two_renamed_schemas(run):
     from memorywalker.eval.transfer import per_task_sfa
 
     out, results, stdout = run
-    a = results["seeds"]["0"]["augment"]
+    a, n = results["seeds"]["0"]["augment"], tasks(results)
     assert a["copies"] + len(a["rejected"]) == a["records"] == len(read_trajectories(out / "seed-0" / "demo" / "expert.jsonl"))
     assert list(a["regimes"]) == ["new-tasks", "renamed-schema", "unfamiliar-tools"]
     for regime, r in a["regimes"].items():
         rows = {arm: [trial_row(t) for t in read_trajectories(out / "seed-0" / f"transfer-{arm}" /
                                                                f"{arm}-{regime}-recall-2.jsonl")] for arm in ("sft", "sft+aug")}
         plus, base = per_task_sfa(rows["sft+aug"]), per_task_sfa(rows["sft"])
-        assert plus.keys() == base.keys() and len(plus) == 2
-        assert r["paired"]["sfa"]["difference"] == pytest.approx(sum(plus[t] - base[t] for t in plus) / 2)
-        assert r["sft"]["acceptance"] == pytest.approx(sum(x["accepted"] for x in rows["sft"]) / 2)
+        assert plus.keys() == base.keys() and len(plus) == n
+        assert r["paired"]["sfa"]["difference"] == pytest.approx(sum(plus[t] - base[t] for t in plus) / n)
+        assert r["sft"]["acceptance"] == pytest.approx(sum(x["accepted"] for x in rows["sft"]) / n)
     assert "Schema augmentation" in stdout and (out / "tables.md").read_text().startswith("### DAgger")
     assert json.loads((out / "seed-0" / "dagger.json").read_text())["labels"] == results["seeds"]["0"]["dagger"]["labels"]
 
@@ -95,7 +102,8 @@ def test_distillation_takes_as_many_verified_episodes_from_each_source(run):
     assert d["shared_tasks"] == len({t.task.id for t in teacher} & {t.task.id for t in expert}) >= d["identical_on_shared"]
     rewards = [t.reward for t in read_trajectories(out / "seed-0" / "demo" / "eval-rl-teacher-claude-code.jsonl")]
     assert d["teacher_rl_reward"] == pytest.approx(sum(rewards) / len(rewards))
-    assert len(read_trajectories(out / "seed-0" / "teacher-episodes.jsonl")) == 4  # the expert's 4 claude-code tasks
+    # the expert's claude-code training tasks: half its episodes (4 tiny, 80 quick)
+    assert len(read_trajectories(out / "seed-0" / "teacher-episodes.jsonl")) == results["config"]["sft_episodes"] // 2
     if not d["episodes"]:
         assert d["skipped"] == "no verified teacher episode" and "no verified teacher episode" in stdout
 
@@ -108,17 +116,18 @@ def test_acc_trains_one_compiled_record_per_verified_task_and_pairs_qa_by_task(r
     d = results["seeds"]["0"]["acc"]
     solved = {t.task.id for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl") if t.reward == 1.0}
     assert d["compiled"] == len(solved) and set(d["rejected"]) <= {"answer not verified right"}
-    assert d["heldout_qa"] == 2
+    n = tasks(results)
+    assert d["heldout_qa"] == n
     qa = d["qa_per_task"]
-    assert qa["sft"].keys() == qa["sft+acc"].keys() and len(qa["sft"]) == 2
-    assert d["paired"]["qa"]["difference"] == pytest.approx(sum(qa["sft+acc"][t] - qa["sft"][t] for t in qa["sft"]) / 2)
+    assert qa["sft"].keys() == qa["sft+acc"].keys() and len(qa["sft"]) == n
+    assert d["paired"]["qa"]["difference"] == pytest.approx(sum(qa["sft+acc"][t] - qa["sft"][t] for t in qa["sft"]) / n)
     for arm in ("sft", "sft+acc"):
-        assert d["acceptance"][arm] == pytest.approx(sum(accepted(out / "seed-0" / f"eval-acc-{arm}.jsonl").values()) / 2)
+        assert d["acceptance"][arm] == pytest.approx(sum(accepted(out / "seed-0" / f"eval-acc-{arm}.jsonl").values()) / n)
     assert "ACC: compiled QA trained in" in stdout
 
 
 def test_distillation_students_train_on_each_source_when_the_teacher_solved_tasks(run, tmp_path):
-    """The students' path, which the tiny teacher never reaches: the section reads a teacher's episodes from
+    """The students' path, which the tiny and quick teachers never reach: the section reads a teacher's episodes from
     ``teacher-episodes.jsonl`` when the file is there, so this run is given the expert's own claude-code
     episodes as the teacher's. Then every verified teacher episode equals the expert's (identical on all
     shared tasks), each student trains on k = min(verified) episodes, the student has half the teacher's
@@ -127,23 +136,24 @@ def test_distillation_students_train_on_each_source_when_the_teacher_solved_task
 
     from memorywalker.records import write_trajectories
 
-    first, _, _ = run
+    first, results, _ = run
     out = tmp_path / "out"
     shutil.copytree(first / "seed-0" / "demo", out / "seed-0" / "demo")
     shutil.copy(first / "seed-0" / "teacher.json", out / "seed-0" / "teacher.json")
     expert = [t for t in read_trajectories(out / "seed-0" / "demo" / "expert.jsonl") if t.meta["harness"]["name"] == "claude-code"]
     write_trajectories(out / "seed-0" / "teacher-episodes.jsonl", expert)
-    res = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--seeds", "0", "--out", str(out), "--only", "distill"],
+    res = subprocess.run([sys.executable, str(SCRIPT), "--size", results["size"], "--seeds", "0", "--out", str(out), "--only", "distill"],
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     d = json.loads((out / "seed-0" / "distill.json").read_text())
     solved = [t for t in expert if t.reward == 1.0]
-    assert solved, "the tiny expert solves at least one claude-code task"
+    assert solved, "the expert solves at least one claude-code task (1 of 4 tiny)"
     assert d["episodes"] == d["teacher_verified"] == d["expert_verified"] == len(solved)
     assert d["identical_on_shared"] == d["shared_tasks"] == len(solved)
-    assert (d["student_layers"], d["teacher_layers"]) == (1, 2)
+    layers = results["config"]["num_layers"]  # 2 tiny, 4 quick
+    assert (d["student_layers"], d["teacher_layers"]) == (layers // 2, layers)
     config = json.loads((out / "seed-0" / "student-from-teacher" / "final" / "config.json").read_text())
-    assert config["num_hidden_layers"] == 1
+    assert config["num_hidden_layers"] == layers // 2
     rows = {arm: accepted(out / "seed-0" / f"eval-student-{arm}.jsonl")
             for arm in ("from-teacher", "from-expert", "from-expert-unfiltered")}
     for arm, acc in rows.items():

@@ -137,3 +137,18 @@ def test_an_environment_without_documents_is_refused_in_one_line(episodes):
     other = trajs[0].model_copy(update={"meta": {**trajs[0].meta, "env": {"name": "maze"}}})
     with pytest.raises(InputError, match="an environment with documents .*not 'maze'"):
         env_of(other)
+
+
+def test_compile_acc_sets_aside_episodes_without_documents_and_keeps_the_others(episodes, tokenizer, tmp_path):
+    """8 web-search episodes and 2 of them relabelled as another environment's: 6 compiled (budget 4,000 fits
+    every one, as the budget test shows), 2 set aside under one reason that names the environment."""
+    from memorywalker.records import read_trajectories, write_trajectories
+    from memorywalker.transforms.acc import compile_file
+
+    _, trajs = episodes
+    mixed = [t.model_copy(update={"meta": {**t.meta, "env": {"name": "maze"}}}) if i < 2 else t for i, t in enumerate(trajs)]
+    write_trajectories(tmp_path / "in.jsonl", mixed)
+    s = compile_file(tmp_path / "in.jsonl", tmp_path / "out.jsonl", tokenizer, budget=4000)
+    assert s["parents"] == 8 and s["written"] == 6 == len(read_trajectories(tmp_path / "out.jsonl"))
+    [(reason, n)] = s["rejected"].items()
+    assert n == 2 and "environment with documents" in reason and "'maze'" in reason

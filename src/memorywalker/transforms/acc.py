@@ -184,8 +184,8 @@ def env_of(traj: Trajectory):
     recorded = traj.meta.get("env") or {}
     name, cfg = recorded.get("name"), {k: v for k, v in recorded.items() if k != "name"}
     if name not in ENVS:
-        raise InputError(f"{traj.id}: compile-acc needs an episode of an environment with documents "
-                         f"({', '.join(ENVS)}), not {name!r}")
+        raise InputError(f"compile-acc needs an episode of an environment with documents ({', '.join(ENVS)}), "
+                         f"not {name!r}")
     if name == "corpus":
         corpus, queries = cfg.pop("corpus"), cfg.pop("queries")
         return CorpusEnv(corpus, queries, **cfg)
@@ -193,14 +193,21 @@ def env_of(traj: Trajectory):
 
 
 def compile_file(src, out, tokenizer, *, budget: int, seed: int = 0, progress: bool = False) -> dict[str, Any]:
-    """Compile every record of ``src`` into ``out``; the counts, rejection reasons and token expansion."""
-    envs: dict[str, Any] = {}
+    """Compile every record of ``src`` into ``out``; the counts, rejection reasons and token expansion. A
+    record whose environment has no documents, or cannot be rebuilt (a corpus file changed since), is set
+    aside with that reason; the others are compiled."""
+    envs: dict[str, Any] = {}  # recorded configuration -> its environment, or why there is none
     out_recs, reasons, tp, tc = [], {}, 0, 0
     parents = list(TrajectoryReader(src))
     for p in tqdm(parents, desc="compile-acc", unit="rec", disable=not progress):
         key = repr(sorted((p.meta.get("env") or {}).items()))
-        env = envs.setdefault(key, env_of(p))
-        rec, why = compile_record(p, env, tokenizer, budget=budget, seed=seed)
+        if key not in envs:
+            try:
+                envs[key] = env_of(p)
+            except InputError as err:
+                envs[key] = str(err)
+        env = envs[key]
+        rec, why = (None, env) if isinstance(env, str) else compile_record(p, env, tokenizer, budget=budget, seed=seed)
         if rec is None:
             reasons[why] = reasons.get(why, 0) + 1
             continue

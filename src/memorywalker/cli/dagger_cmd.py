@@ -50,9 +50,6 @@ def dagger_cmd(
 
     if env not in ENVIRONMENTS:
         raise typer.BadParameter(f"unknown env {env!r}; valid: {', '.join(ENVIRONMENTS)}")
-    if expert_forget and (env != "vault" or labeler != "expert"):
-        raise typer.BadParameter(f"--expert-forget {expert_forget}: only the vault's expert forgets "
-                                 "(--env vault --labeler expert)")
     if suite not in ENVIRONMENTS[env].suites:
         raise typer.BadParameter(f"unknown suite {suite!r} of env {env}; valid: {', '.join(ENVIRONMENTS[env].suites)}")
     compressor = renamed.value("--compressor", compressor, harness, "claude-code", "memorywalker dagger")
@@ -67,15 +64,15 @@ def dagger_cmd(
         raise typer.BadParameter(f"--betas must lie in [0, 1], got {betas!r}")
     if output.exists() and any(output.iterdir()):
         raise typer.BadParameter(f"{output} is not empty; use a new run directory")
+    cfg = DaggerConfig(env=env, suite=suite, expert_forget=expert_forget, rounds=rounds, n=n, betas=beta_list,
+                       labeler=labeler, compressor=compressor, budget=budget, max_steps=max_steps, eval_n=eval_n,
+                       sft_steps=sft_steps, sft_lr=sft_lr, world_size=size, seed=seed)  # judged before any model loads
     tokenizer_dir = None
     if model == "kit":
         from memorywalker.modelkit import default_kit  # lazy: as above
 
         tok_dir, model_dir = default_kit()
         model, tokenizer_dir = str(model_dir), str(tok_dir)
-    cfg = DaggerConfig(env=env, suite=suite, expert_forget=expert_forget, rounds=rounds, n=n, betas=beta_list, labeler=labeler, compressor=compressor,
-                       budget=budget, max_steps=max_steps, eval_n=eval_n, sft_steps=sft_steps, sft_lr=sft_lr,
-                       world_size=size, seed=seed)
     report = run_dagger(cfg, model, output, tokenizer_dir=tokenizer_dir, progress=progress)
     print(f"held-out reward before: {report['held_out_reward_before']:.3f}")
     for r in report["rounds"]:

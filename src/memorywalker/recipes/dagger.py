@@ -73,6 +73,11 @@ class DaggerConfig:
     seed: int = 0
     device: str = "cpu"
 
+    def __post_init__(self):
+        if self.expert_forget and (self.labeler != "expert" or self.env != "vault"):
+            raise InputError(f"expert_forget={self.expert_forget}: only the vault's expert forgets "
+                             "(labeler expert, env vault)")
+
     def beta(self, k: int) -> float:
         """beta_k for round ``k`` (1-based)."""
         return self.betas[min(k, len(self.betas)) - 1]
@@ -103,10 +108,8 @@ def _eval_config(cfg: DaggerConfig) -> EvalConfig:
 
 
 def _labeler(cfg: DaggerConfig, env):
-    if cfg.expert_forget:
-        if cfg.labeler != "expert" or cfg.env != "vault":
-            raise InputError(f"expert_forget={cfg.expert_forget}: only the vault's expert forgets (labeler expert, env vault)")
-        return env.expert(cfg.expert_forget)  # VaultExpert: careless summaries in that share of its episodes
+    if cfg.expert_forget:  # VaultExpert: careless summaries in that share of its episodes
+        return env.expert(cfg.expert_forget)
     return make_policy(cfg.labeler, env=env)
 
 
@@ -129,7 +132,6 @@ def run_dagger(cfg: DaggerConfig, model_dir: str, out: str | Path, *, tokenizer_
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     renderer = Renderer(tok)
     env, verify_env = make_env(_eval_config(cfg)), make_env(_eval_config(cfg))
-    _labeler(cfg, env)  # a labeler that cannot be made stops the run before anything is evaluated
     harness = HarnessConfig.of(cfg)
     rows_prev = _eval_rows(model_dir, cfg, env, harness, out, "round-0", tok)
     base_reward = sum(r["accepted"] for r in rows_prev) / len(rows_prev)

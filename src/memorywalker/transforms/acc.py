@@ -33,7 +33,10 @@ from memorywalker.records.schema import Call, Message, Trajectory
 from memorywalker.render.toolcalls import call_arguments
 from memorywalker.render.types import message_to_hf
 from memorywalker.rollout.environments.base import exact_match
-from memorywalker.rollout.environments.vault.env import NAMES
+from memorywalker.rollout.environments.corpus.documents import FAILED
+from memorywalker.rollout.environments.corpus.env import RESULT_RE, CorpusEnv
+from memorywalker.rollout.environments.vault.env import NAMES, VaultEnv
+from memorywalker.rollout.environments.websearch.env import WebSearchEnv
 from memorywalker.rollout.environments.websearch.expert import NOTE_RE
 from memorywalker.transforms.augment import render_tokens
 
@@ -41,10 +44,7 @@ TRANSFORM, VERSION = "compile-acc", "2"
 SYSTEM = "Answer the question from the documents. Write the facts you use, one per line, then 'Answer: ...'."
 MIN_CUT = 16  # a distractor cut below this many tokens is left out
 ENVS = ("websearch", "corpus", "vault")
-# the argument of ``open`` naming the document, and a search result line's id (first group), per environment
-OPEN_ARG = {"websearch": "page", "corpus": "docid", "vault": "box"}
-RESULT_ID = re.compile(r"^\d+\. \[([^\]]+)\]", re.M)
-FAILED = ("Error", "Warning: served from a stale cache")  # an open that served nothing (corpus's faults too)
+OPEN_ARG = {"websearch": "page", "corpus": "docid", "vault": "box"}  # the argument of ``open`` naming the document
 
 
 def visited_and_candidates(traj: Trajectory, env_name: str = "websearch") -> tuple[list[str], list[str]]:
@@ -54,14 +54,15 @@ def visited_and_candidates(traj: Trajectory, env_name: str = "websearch") -> tup
     for m in traj.messages:
         for tc in m.tool_calls:
             obs = results.get(tc.id)
-            if obs is None or obs.content.startswith(FAILED) or obs.meta.get("fault"):
+            if obs is None or obs.content.startswith(FAILED) or obs.meta.get("fault"):  # it served nothing
                 continue
             if tc.name == "open" and (args := call_arguments(tc.arguments)) is not None:
                 doc = str(args.get(OPEN_ARG[env_name], "")).strip().strip("[]")
                 if doc and doc not in opened:
                     opened.append(doc)
             elif tc.name == "search":
-                listed += [d for d in RESULT_ID.findall(obs.content) if d not in listed]
+                # "N. [id] ..." result lines, the same in web search's and the corpus's results
+                listed += [d for d in RESULT_RE.findall(obs.content) if d not in listed]
     return opened, [d for d in listed if d not in opened]
 
 
@@ -177,10 +178,6 @@ def compile_record(parent: Trajectory, env, tokenizer, *, budget: int, seed: int
 
 def env_of(traj: Trajectory):
     """The environment ``traj`` ran in, rebuilt from its recorded configuration (``meta.env``)."""
-    from memorywalker.rollout import WebSearchEnv  # lazy: the environments, only for the one asked for
-    from memorywalker.rollout.environments.corpus.env import CorpusEnv
-    from memorywalker.rollout.environments.vault.env import VaultEnv
-
     recorded = traj.meta.get("env") or {}
     name, cfg = recorded.get("name"), {k: v for k, v in recorded.items() if k != "name"}
     if name not in ENVS:

@@ -3,58 +3,44 @@ gradient of one pass over the whole batch, for ``token`` and ``trajectory`` norm
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine_cases import grads, load_model, max_rel_grad_diff, one_thread, random_batch
 from memorywalker.engine import EngineConfig, run, step_denominators
 from memorywalker.render import Renderer
+from ranks import spawn
 
 CASES = [("tree-mask", "token"), ("tree-mask", "trajectory"), ("logit-tree", "token"), ("logit-tree", "trajectory")]
 SHARDS = [[1], [0, 2]]  # rank 0 gets the forest, rank 1 the long episode and the short one
 
 
-def _worker(rank: int, world: int, port: int, tok_dir: str, model_dir: str, out: str) -> None:
+def _worker(rank: int, world: int, tok_dir: str, model_dir: str, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from transformers import AutoTokenizer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        renderer = Renderer(AutoTokenizer.from_pretrained(tok_dir))
-        mine = random_batch(renderer, seed=8).split([SHARDS[rank]])
-        ddp = DDP(load_model(model_dir))
-        result = {}
-        for method, norm in CASES:
-            cfg = EngineConfig(method=method, normalization=norm, dp_size=world)
-            ddp.zero_grad(set_to_none=True)
-            dens = step_denominators(mine, cfg)  # all-reduced over the two ranks
-            loss = run(ddp, mine[0], cfg, denominators=dens).loss
-            dist.all_reduce(loss)
-            result[(method, norm)] = (grads(ddp.module), loss / world)  # the summed loss / dp_size
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    dist.init_process_group("gloo")
+    renderer = Renderer(AutoTokenizer.from_pretrained(tok_dir))
+    mine = random_batch(renderer, seed=8).split([SHARDS[rank]])
+    ddp = DDP(load_model(model_dir))
+    result = {}
+    for method, norm in CASES:
+        cfg = EngineConfig(method=method, normalization=norm, dp_size=world)
+        ddp.zero_grad(set_to_none=True)
+        dens = step_denominators(mine, cfg)  # all-reduced over the two ranks
+        loss = run(ddp, mine[0], cfg, denominators=dens).loss
+        dist.all_reduce(loss)
+        result[(method, norm)] = (grads(ddp.module), loss / world)  # the summed loss / dp_size
+    if rank == 0:
+        torch.save(result, out)
 
 
 def test_two_process_ddp_matches_one_pass(kit, tokenizer, tmp_path):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
     out = tmp_path / "ddp.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(kit[0]), str(kit[1]), str(out)), nprocs=2, join=True)
+    spawn(_worker, str(kit[0]), str(kit[1]), str(out), log_dir=tmp_path)
     result = torch.load(out)
 
     model = load_model(kit[1])

@@ -3,7 +3,7 @@ global batch for every exact method and both normalizations (SFT and RL); a run 
 sharded checkpoint resumes to bitwise-identical weights; a 2-process sharded checkpoint resumes on one
 process; ranks that disagree, or one that stops issuing collectives, fail with an error, not a hang.
 
-All 2-process recipe runs share one ``mp.spawn`` (module fixture): starting processes costs more than
+All 2-process recipe runs share one spawn (module fixture): starting processes costs more than
 the runs."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from memorywalker.engine import METHODS
 from memorywalker.recipes import rl, sft
 from memorywalker.records.io import write_trajectories
 from memorywalker.train.checkpoint import verify_checkpoint
+from ranks import spawn
 from test_recipe_rl import even_token_share
 from test_recipe_sft import episodes
 
@@ -63,27 +63,15 @@ def _run(recipe, kit, run_dir, kw):
     return rl.train(rl_cfg(kit, run_dir, **kw), reward_fn=even_token_share, progress=False)
 
 
-def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    try:
-        for name, recipe, kw in two_rank_cases(Path(root)):
-            _run(recipe, kit, Path(root) / name, {**kw, "parallel": "fsdp"})
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, kit, root: str) -> None:
+    for name, recipe, kw in two_rank_cases(Path(root)):
+        _run(recipe, kit, Path(root) / name, {**kw, "parallel": "fsdp"})
 
 
 @pytest.fixture(scope="module")
 def fsdp_runs(kit, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
+    spawn(_worker, kit, str(root), log_dir=root / "ranks")
     return root
 
 
@@ -208,36 +196,30 @@ def test_sigkill_after_a_sharded_checkpoint_then_resume_is_bitwise_identical(kit
 
 # --- disagreement and stalls fail instead of hanging ----------------------------------------------------
 
-def _stall_worker(rank: int, world: int, port: int, out: str) -> None:
+def _stall_worker(rank: int, world: int, out: str) -> None:
     from memorywalker.train.fsdp import CollectiveError, check_agreement, collective_guard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from datetime import timedelta
-
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=3))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=3))
     seen = {}
     try:
+        check_agreement(micro_batches=2 + rank, step=7)
+    except CollectiveError as e:
+        seen["agreement"] = str(e)
+    t0 = time.time()
+    if rank == 0:  # rank 1 stops issuing collectives (a crashed or diverged peer)
         try:
-            check_agreement(micro_batches=2 + rank, step=7)
+            with collective_guard("step 7", 3):
+                dist.all_reduce(torch.ones(1))
         except CollectiveError as e:
-            seen["agreement"] = str(e)
-        t0 = time.time()
-        if rank == 0:  # rank 1 stops issuing collectives (a crashed or diverged peer)
-            try:
-                with collective_guard("step 7", 3):
-                    dist.all_reduce(torch.ones(1))
-            except CollectiveError as e:
-                seen["stall"] = str(e)
-            seen["waited"] = time.time() - t0
-        else:
-            time.sleep(4)
-        torch.save(seen, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+            seen["stall"] = str(e)
+        seen["waited"] = time.time() - t0
+    else:
+        time.sleep(4)
+    torch.save(seen, Path(out) / f"rank{rank}.pt")
 
 
 def test_disagreeing_or_stalled_ranks_fail_with_a_named_cause(tmp_path):
-    mp.spawn(_stall_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_stall_worker, str(tmp_path), log_dir=tmp_path)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     for seen in (r0, r1):
         assert "ranks disagree on micro_batches from 2 to 3" in seen["agreement"]

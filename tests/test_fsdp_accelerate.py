@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,17 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
+from memorywalker.gateway.server import free_port
 from memorywalker.records.io import write_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "accelerate_fsdp.yaml"
 CALLS = [2, 9, 4, 12]  # trees of different sizes: the ranks run different numbers of passes
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sft_args(kit, data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -55,9 +49,9 @@ def runs(kit, tmp_path_factory) -> Path:
         for i, n in enumerate(CALLS)])
     launches = {
         "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-                       "--main_process_port", str(_port())],
+                       "--main_process_port", str(free_port())],
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                     "--master-port", str(_port())],
+                     "--master-port", str(free_port())],
         "one": [sys.executable],
     }
     for name, launch in launches.items():
@@ -99,7 +93,7 @@ def test_accelerate_fsdp_config_without_parallel_fsdp_is_refused_in_one_line(kit
     with one line naming the fix (the CLI's exit 2), no traceback through memorywalker's code (the
     launcher prints its own, of the failed child)."""
     done = _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-                 "--main_process_port", str(_port()), *_sft_args(kit, runs / "data.jsonl", tmp_path / "run")])
+                 "--main_process_port", str(free_port()), *_sft_args(kit, runs / "data.jsonl", tmp_path / "run")])
     assert done.returncode != 0
     line = ("python -m memorywalker sft: error: accelerate launched this run with an FSDP config, but "
             "parallel='ddp': pass parallel=fsdp (the recipe shards the model itself)")

@@ -6,19 +6,17 @@ sharded after it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from memorywalker.train.adapter import apply_adapter, merged_state_dict
 from memorywalker.train.config import AdapterConfig
 from memorywalker.train.fsdp import fsdp_modules, main_rank_weights, shard_model
-from test_fsdp import _free_port
+from ranks import spawn
 
 LORA = AdapterConfig(kind="lora", rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
 
@@ -36,27 +34,22 @@ def build(model_dir: str, lora: bool) -> torch.nn.Module:
     return model
 
 
-def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _worker(rank: int, world: int, model_dir: str, out: str) -> None:
     dist.init_process_group("gloo")
-    try:
-        for lora in (False, True):
-            model = shard_model(build(model_dir, lora))
-            weights = main_rank_weights(model, is_main=rank == 0)
-            assert all(p.__class__.__name__ == "DTensor" for p in model.parameters())  # still sharded
-            if rank == 0:
-                torch.save(weights, Path(out) / f"weights-{lora}.pt")
-            else:
-                assert weights is None
-            assert len(fsdp_modules(model)) > 1
-    finally:
-        dist.destroy_process_group()
+    for lora in (False, True):
+        model = shard_model(build(model_dir, lora))
+        weights = main_rank_weights(model, is_main=rank == 0)
+        assert all(p.__class__.__name__ == "DTensor" for p in model.parameters())  # still sharded
+        if rank == 0:
+            torch.save(weights, Path(out) / f"weights-{lora}.pt")
+        else:
+            assert weights is None
+        assert len(fsdp_modules(model)) > 1
 
 
 @pytest.mark.slow
 def test_rank_0_alone_gets_the_whole_merged_weights_of_a_sharded_model(kit, tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(kit[1]), str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, str(kit[1]), str(tmp_path), log_dir=tmp_path)
     for lora in (False, True):
         got = torch.load(tmp_path / f"weights-{lora}.pt")
         want = merged_state_dict(build(str(kit[1]), lora))

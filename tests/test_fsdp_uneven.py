@@ -3,21 +3,17 @@ the step schedule (train/sharded_step.py) gathers one decoder layer at a time, t
 pass, nobody hangs, and SFT (radix, per-call; untied and tied LM head), LoRA and DPO steps equal their
 single-process runs.
 
-One ``mp.spawn`` of 2 gloo processes runs every case (starting processes costs more than the runs); the
+One spawn of 2 gloo processes runs every case (starting processes costs more than the runs); the
 single-process references run here, on the whole global batch.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # private: the hook observed
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -31,7 +27,7 @@ from memorywalker.render import Renderer
 from memorywalker.train.fsdp import decoder_layers, enable_activation_checkpointing, fsdp_modules, shard_model
 from memorywalker.train.row_shards import row_shards
 from memorywalker.train.sharded_step import StepSchedule
-from test_fsdp import _free_port
+from ranks import spawn
 
 SMALL, BIG = 2, 40  # calls in the two trees
 STEP = dict(steps=2, batch_size=2, lr=0.1, adam_eps=1.0, collective_timeout=120)
@@ -148,35 +144,18 @@ def dangling(kit, rank: int) -> dict:
     return {"counts": dict(schedule.counts), "zero_grads": all(g is not None and not g.full_tensor().any() for g in grads)}
 
 
-def _worker(rank: int, world: int, port: int, kit, root: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    # this rank's stderr to a file the fixture quotes if the rank dies (a C++ abort leaves no Python traceback)
-    log = open(Path(root) / f"rank{rank}.stderr", "w")  # noqa: SIM115 - fd 2 points at it until the process ends
-    os.dup2(log.fileno(), 2)
-    torch.set_num_threads(1)
-    try:
-        for name, (recipe, kw) in cases(kit, Path(root)).items():
-            train(recipe, Path(root) / f"fsdp-{name}", {**kw, "parallel": "fsdp"})
-        torch.save(probe(kit, rank), Path(root) / f"probe{rank}.pt")
-        torch.save(dangling(kit, rank), Path(root) / f"dangling{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-    # Everything is on disk and the group destroyed: leave without the interpreter's teardown, where a gloo
-    # thread still winding down can abort it ("terminate called without an active exception", pytorch#65237).
-    sys.stderr.flush()
-    os._exit(0)
+def _worker(rank: int, world: int, kit, root: str) -> None:
+    for name, (recipe, kw) in cases(kit, Path(root)).items():
+        train(recipe, Path(root) / f"fsdp-{name}", {**kw, "parallel": "fsdp"})
+    torch.save(probe(kit, rank), Path(root) / f"probe{rank}.pt")
+    torch.save(dangling(kit, rank), Path(root) / f"dangling{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def uneven_runs(kit, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp-uneven")
     cases(kit, root)  # the inputs both runs read, written once
-    try:
-        mp.spawn(_worker, args=(2, _free_port(), kit, str(root)), nprocs=2, join=True)
-    except mp.ProcessExitedException as err:
-        tails = {r: (root / f"rank{r}.stderr").read_text()[-3000:] for r in range(2) if (root / f"rank{r}.stderr").exists()}
-        raise AssertionError(f"{err}; the ranks' stderr ends:\n" + "\n".join(f"--- rank {r}\n{t}" for r, t in tails.items())) from err
+    spawn(_worker, kit, str(root), log_dir=root)
     return root
 
 

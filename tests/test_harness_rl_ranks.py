@@ -28,6 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memorywalker.gateway.server import free_port
 from memorywalker.recipes.rl import RLConfig, train
 from memorywalker.records import read_trajectories
 
@@ -63,17 +64,9 @@ def keys(kit, tasks: Path, script: Path | None, run_dir: Path, **kw) -> dict:
 
 def torchrun(args: dict, *extra: str, env: dict | None = None, **popen) -> subprocess.Popen:
     """``torchrun --nproc-per-node 2 -m memorywalker rl key=value ...`` (gloo on this CPU)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "memorywalker", "rl", *extra, *(f"{k}={v}" for k, v in args.items())]
     return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True, **popen)
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics_of(run_dir: Path) -> list[dict]:

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memorywalker.cli.main import app
+from memorywalker.gateway.server import free_port
 from memorywalker.samplers.base import PolicyRequest
 from memorywalker.samplers.openai import OpenAIPolicy
 
@@ -25,12 +26,6 @@ COMPLETION = {"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [
 
 def request() -> PolicyRequest:
     return PolicyRequest(prompt_ids=[1, 2, 3], messages=[], tools=[], purpose="act", call_index=0, seed=0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
 from memorywalker.recipes.sft import SFTConfig, train
 from memorywalker.records.io import write_trajectories
+from ranks import spawn
 
 
 def episodes(n: int, words: int = 6) -> list:
@@ -90,20 +89,8 @@ def test_until_ends_the_run_at_the_first_checkpoint_it_accepts(kit, tmp_path):
 SAME_UPDATE = dict(steps=1, batch_size=4, lr=1e-2, adam_eps=1e-4)
 
 
-def _dp_worker(rank: int, world: int, port: int, kit, run_dir: str, normalization: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    try:
-        train(config(kit, run_dir, **SAME_UPDATE, normalization=normalization), trajectories=episodes(4), progress=False)
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _dp_worker(rank: int, world: int, kit, run_dir: str, normalization: str) -> None:
+    train(config(kit, run_dir, **SAME_UPDATE, normalization=normalization), trajectories=episodes(4), progress=False)
 
 
 @pytest.mark.parametrize("normalization", ["token", "trajectory"])
@@ -119,7 +106,7 @@ def test_grad_accumulation_and_data_parallel_give_the_same_update(kit, tmp_path,
                 trajectories=data, progress=False)
     two = train(config(kit, tmp_path / "accum", **SAME_UPDATE, grad_accum=2, normalization=normalization),
                 trajectories=data, progress=False)
-    mp.spawn(_dp_worker, args=(2, _free_port(), kit, str(tmp_path / "dp"), normalization), nprocs=2, join=True)
+    spawn(_dp_worker, kit, str(tmp_path / "dp"), normalization, log_dir=tmp_path / "ranks")
 
     ref = weights(tmp_path / "one")
     biggest = max((ref[k] - base[k]).abs().max().item() for k in base)

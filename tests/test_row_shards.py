@@ -8,16 +8,14 @@ release adds as much again (12 G)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
 from memorywalker.train import row_shards as fsdp
-from test_fsdp import _free_port
+from ranks import spawn
 
 ROWS, COLS, WORLD = 7, 3, 3
 
@@ -28,38 +26,34 @@ class Table(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.arange(ROWS * COLS, dtype=torch.float32).view(ROWS, COLS))
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo")
     fsdp.REDUCE_BLOCK_BYTES = 1  # one row per block: the block loop runs
-    try:
-        table = Table()
-        whole = table.weight.detach().clone()
-        unit = fsdp.RowShards(table, [table.weight], init_device_mesh("cpu", (WORLD,)), None)
-        local = table.weight.to_local().clone()
+    table = Table()
+    whole = table.weight.detach().clone()
+    unit = fsdp.RowShards(table, [table.weight], init_device_mesh("cpu", (WORLD,)), None)
+    local = table.weight.to_local().clone()
+    unit.gather()
+    gathered = table.weight.detach().clone()
+    param = table.weight
+    unit.free()
+    freed = param.untyped_storage().size()
+    unit.gather()  # into the same parameter
+    same = table.weight is param and torch.equal(table.weight, whole)
+    g = torch.arange(ROWS * COLS, dtype=torch.float32).view(ROWS, COLS)
+    g = (g // COLS) * 10 + g % COLS  # G[i, j] = 10 i + j
+    for _ in range(2):
+        (table.weight * ((rank + 1) * g)).sum().backward()
+        unit.release(reduce=True)
+        reduced = table.weight.grad.to_local().clone()
         unit.gather()
-        gathered = table.weight.detach().clone()
-        param = table.weight
-        unit.free()
-        freed = param.untyped_storage().size()
-        unit.gather()  # into the same parameter
-        same = table.weight is param and torch.equal(table.weight, whole)
-        g = torch.arange(ROWS * COLS, dtype=torch.float32).view(ROWS, COLS)
-        g = (g // COLS) * 10 + g % COLS  # G[i, j] = 10 i + j
-        for _ in range(2):
-            (table.weight * ((rank + 1) * g)).sum().backward()
-            unit.release(reduce=True)
-            reduced = table.weight.grad.to_local().clone()
-            unit.gather()
-        unit.release(reduce=False)
-        torch.save({"whole": whole, "local": local, "gathered": gathered, "freed": freed, "same": same,
-                    "grad": reduced, "g": g}, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    unit.release(reduce=False)
+    torch.save({"whole": whole, "local": local, "gathered": gathered, "freed": freed, "same": same,
+                "grad": reduced, "g": g}, Path(out) / f"rank{rank}.pt")
 
 
 def test_row_shards_gather_free_and_reduce_with_padded_rows(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn(_worker, str(tmp_path), nprocs=WORLD, log_dir=tmp_path)
     blocks = [(0, 3), (3, 6), (6, 7)]  # torch.chunk(7 rows, 3)
     for rank, (lo, hi) in enumerate(blocks):
         r = torch.load(tmp_path / f"rank{rank}.pt")

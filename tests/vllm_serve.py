@@ -4,7 +4,6 @@ need one (``test_vllm_serve.py``, ``test_gateway_vllm.py``), with the flags docs
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from memorywalker.gateway.server import free_port
+
 STARTUP_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

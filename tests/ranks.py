@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from memorywalker.gateway.server import free_port
+from memorywalker.samplers.http import free_port
 
 
 def spawn(fn: Callable[..., None], *args: Any, nprocs: int = 2, log_dir: str | Path) -> None:

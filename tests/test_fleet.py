@@ -15,7 +15,8 @@ import pytest
 
 from memorywalker.gateway.backends import FleetBackend, Pending, make_backend
 from memorywalker.samplers.base import PolicyRequest
-from memorywalker.samplers.vllm_server import BackendDown, ServerFleet, serve_command, write_shards
+from memorywalker.samplers.vllm_server import BackendDown, ServerFleet, serve_command
+from memorywalker.samplers.weight_sync import write_shards
 
 
 class FakeVLLM:
@@ -171,6 +172,12 @@ def test_the_serve_command_carries_the_flags_the_fleet_needs_then_the_users():
     ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "script": "s.yaml",
       "temperature": 0.7}, "vLLM never tempers: temperature=1"),
     ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm", "script": "s.yaml"}, "rollout_engine=hf"),
+    ({"weight_sync": "broadcast"}, "weight_sync=broadcast needs rollout_engine=vllm-server"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "weight_sync": "broadcast",
+      "weight_sync_dir": "/tmp/w"}, "weight_sync=broadcast writes none"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "weight_sync_host": "10.0.0.2"},
+     "it needs weight_sync=broadcast"),
+    ({"tasks": "t.jsonl", "harness": "opencode", "rollout_engine": "vllm-server", "weight_sync": "nccl"}, "weight_sync"),
 ])
 def test_the_fleets_settings_are_refused_in_one_line_where_they_cannot_work(keys, message):
     from memorywalker.errors import InputError

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from memorywalker.engine.synthetic import SyntheticSpec, synthetic_trajectory
-from memorywalker.gateway.server import free_port
 from memorywalker.records.io import write_trajectories
+from memorywalker.samplers.http import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "accelerate_fsdp.yaml"

@@ -419,7 +419,7 @@ def test_a_stopped_gateway_keeps_every_completed_call(kit, tmp_path, sig):
     import signal
 
     from conftest import gateway_process
-    from memorywalker.gateway.server import free_port
+    from memorywalker.samplers.http import free_port
 
     script = tmp_path / "script.yaml"
     script.write_text(SCRIPT)

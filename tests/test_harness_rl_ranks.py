@@ -28,9 +28,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memorywalker.gateway.server import free_port
 from memorywalker.recipes.rl import RLConfig, train
 from memorywalker.records import read_trajectories
+from memorywalker.samplers.http import free_port
 
 # the session's tag into its prompt and session.txt: the sessions of a group see different contexts
 AGENT = ("cmd:echo \"$MEMORYWALKER_BASE_URL\" > session.txt && "

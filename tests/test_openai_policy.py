@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from memorywalker.cli.main import app
-from memorywalker.gateway.server import free_port
 from memorywalker.samplers.base import PolicyRequest
+from memorywalker.samplers.http import free_port
 from memorywalker.samplers.openai import OpenAIPolicy
 
 COMPLETION = {"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [5, 2],

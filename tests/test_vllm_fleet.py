@@ -62,8 +62,9 @@ def rl(kit, served, run_dir: Path, tasks: Path, harness: str, *extra: str, ranks
 
 def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_proven(kit, served, tmp_path):
     """``torchrun --nproc-per-node 2 -m memorywalker rl tasks=FILE harness=opencode rollout_engine=vllm-server
-    parallel=fsdp``: 2 steps of 2 tasks × 2 OpenCode sessions, each rank its task, every call sampled by the
-    one server the recipe started, the weights it gets gathered from the shards on rank 0. The proof of the
+    parallel=fsdp weight_sync=broadcast``: 2 steps of 2 tasks × 2 OpenCode sessions, each rank its task,
+    every call sampled by the one server the recipe started, the weights it gets gathered from the shards on
+    rank 0 and broadcast from there over gloo (``weight_sync=shards`` is the other tests'). The proof of the
     sync: step 1's rollout logprobs, as the server returned them, equal a
     plain ``model(input_ids)`` forward of the weights after step 0's update (checkpoint step 1) within
     1e-5, and differ from the weights before it by more than 1e-3; step 0's equal the initial weights'."""
@@ -82,7 +83,7 @@ def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_pro
     run = tmp_path / "run"
     p = rl(kit, served, run, tasks, "opencode", "prompts_per_step=2", "group_size=2", "steps=2", "concurrency=2",
            "max_new_tokens=16", "lr=1e-2", "save_every=1", "keep_checkpoints=3", "deadline=300", "vllm_serve=1",
-           "parallel=fsdp",
+           "parallel=fsdp", "weight_sync=broadcast",
            f"vllm_serve_args={CPU_ARGS}", "vllm_max_model_len=32768", ranks=2)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -99,6 +100,49 @@ def test_two_ranks_run_grpo_inside_opencode_on_a_vllm_server_and_the_sync_is_pro
     assert step0["targets"] > 0 and step0["max"] <= 1e-5, step0
     assert new["targets"] > 0 and new["max"] <= 1e-5, new
     assert old["max"] > 1e-3, old
+
+
+def test_weights_broadcast_to_a_server_are_the_ones_it_serves_and_its_group_is_formed_once(served, tmp_path):
+    """``weight_sync=broadcast`` without the recipe: the kit model's weights moved twice (Gaussian noise,
+    σ = 0.02, added to every tensor) and each time broadcast over gloo from this process to a ``vllm serve``
+    the library started. After each, the server's prompt logprobs of a 40-token prompt equal a plain
+    ``model(input_ids)`` forward of the moved weights within 1e-5 and differ from what it served before by
+    more than 1e-3; it reports the version; the second sync used the group the first one formed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from memorywalker.train.fsdp import main_rank_weights
+
+    prompt = list(range(5, 45))
+    model = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32)
+
+    @torch.no_grad()
+    def plain() -> list[float]:
+        lp = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0].float(), dim=-1)
+        return [lp[i - 1, t].item() for i, t in enumerate(prompt) if i > 0]
+
+    def gap(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    with start_servers(str(served), 1, log_dir=tmp_path / "serve", served_name="kit", max_model_len=4096,
+                       args=CPU_ARGS) as urls:
+        fleet = ServerFleet(urls, model="kit")
+        before = fleet.prompt_logprobs(urls[0], prompt)
+        assert gap(before, plain()) <= 1e-5
+        groups = []
+        for seed, version in enumerate(("step-1", "step-2")):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.02)
+            fleet.broadcast_weights(main_rank_weights(model, is_main=True), version, host="127.0.0.1")
+            served_now = fleet.prompt_logprobs(urls[0], prompt)
+            assert gap(served_now, plain()) <= 1e-5, version
+            assert gap(served_now, before) > 1e-3, version
+            assert fleet.served_versions() == {urls[0]: version}
+            groups.append(fleet._broadcast.group)
+            before = served_now
+    assert groups[0] is groups[1] and groups[0] is not None
 
 
 def whole_weights(checkpoint: Path, out: Path) -> Path:

@@ -11,7 +11,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from memorywalker.gateway.server import free_port
+from memorywalker.samplers.http import free_port
 
 STARTUP_S = 300
 

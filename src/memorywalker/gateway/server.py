@@ -7,7 +7,6 @@ Either way, stopping finalizes every open session into ``OUT/trajectories.jsonl`
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -16,12 +15,7 @@ import uvicorn
 from memorywalker.errors import InputError
 from memorywalker.gateway.app import create_app
 from memorywalker.gateway.core import Gateway
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from memorywalker.samplers.http import free_port
 
 
 def check_bind(host: str, api_key: str | None) -> None:

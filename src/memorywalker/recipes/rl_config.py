@@ -87,7 +87,11 @@ class RLConfig(TrainConfig):
     vllm_serve: int = 1  # vllm-server without vllm_servers: how many `vllm serve` rank 0 starts on its node
     vllm_serve_args: str = ""  # your own `vllm serve` arguments for those (TP/DP, memory, CPU flags), shell-split
     vllm_python: str | None = None  # the Python that runs them (one with vLLM installed); default: this one
-    weight_sync_dir: str | None = None  # where the weights go for the servers (default: /dev/shm if all are local)
+    # how the weights reach the servers: shards = safetensors in weight_sync_dir, read by every server;
+    # broadcast = a process group of rank 0 and every server worker (NCCL on GPUs, gloo on the CPU)
+    weight_sync: Literal["shards", "broadcast"] = "shards"
+    weight_sync_dir: str | None = None  # shards: where they go (default: /dev/shm if every server is on this machine)
+    weight_sync_host: str | None = None  # broadcast: rank 0's address as the servers reach it (default: the route's)
     # largest |Δ logp| allowed between a server's probe logprobs and the trainer's forward after a sync;
     # None: 1e-4 in float32, no probe otherwise (bf16 engines differ by more than one update moves them)
     sync_check_tol: float | None = None
@@ -142,6 +146,9 @@ class RLConfig(TrainConfig):
             if self.off_policy_steps:
                 raise InputError("off_policy_steps=1 needs rollout_engine=vllm-server (the servers sample the next "
                                  "step while this one trains)")
+            if self.weight_sync != "shards":
+                raise InputError(f"weight_sync={self.weight_sync} needs rollout_engine=vllm-server (the in-process "
+                                 "engine takes the weights from memory)")
             return self
         if self.tasks is None:  # the lockstep episode runner batches in process: hf or vllm
             raise InputError("rollout_engine=vllm-server samples harness sessions (tasks=FILE harness=...); rollouts "
@@ -150,6 +157,10 @@ class RLConfig(TrainConfig):
             raise InputError(f"off_policy_steps={self.off_policy_steps}: 0 (on-policy) or 1")
         if self.vllm_servers is None and self.vllm_serve < 1:
             raise InputError(f"vllm_serve={self.vllm_serve}: start at least one server, or give vllm_servers=URL")
+        if self.weight_sync == "broadcast" and self.weight_sync_dir is not None:
+            raise InputError("weight_sync_dir= is where shards go; weight_sync=broadcast writes none")
+        if self.weight_sync == "shards" and self.weight_sync_host is not None:
+            raise InputError("weight_sync_host= is the broadcast's rendezvous; it needs weight_sync=broadcast")
         if self.script is not None and self.temperature != 1.0:
             raise InputError(f"script= with rollout_engine=vllm-server scores the scripted responses with the servers' "
                              f"prompt logprobs, which vLLM never tempers: temperature=1 (got {self.temperature})")

@@ -12,10 +12,13 @@ the URLs; each rank's gateway sends its sessions to the fleet (:mod:`memorywalke
 
 **Sync** (:meth:`RolloutServers.sync`), at the start of the run and after every optimizer step, before
 anything samples: the weights are gathered whole on rank 0 only (a sharded model one tensor at a time,
-:func:`~memorywalker.train.fsdp.main_rank_weights`), written as safetensors shards to ``weight_sync_dir``
-(default ``/dev/shm`` when every server is on this machine, else the run dir: a path every server must
-read), and loaded by every server (:meth:`~memorywalker.samplers.vllm_server.ServerFleet.sync_weights`),
-which then reports ``weight_version`` ``step-K``. Then the proof: each server's prompt logprobs of a
+:func:`~memorywalker.train.fsdp.main_rank_weights`), and reach every server one of two ways
+(:mod:`~memorywalker.samplers.weight_sync`): ``weight_sync=shards`` writes them as safetensors shards to
+``weight_sync_dir`` (default ``/dev/shm`` when every server is on this machine, else the run dir: a path
+every server must read) for every server to load; ``weight_sync=broadcast`` sends them from rank 0 over
+a process group with every server worker (NCCL on GPUs, gloo on the CPU; ``weight_sync_host``: rank 0's
+address as the servers reach it, by default this machine's on the route to the first server). Each
+server then reports ``weight_version`` ``step-K``. Then the proof: each server's prompt logprobs of a
 fixed probe must equal the trainer's own forward of the new weights within ``sync_check_tol`` (fp32
 default 1e-4; the cross-engine floor is ~1e-6); a bigger gap, a server that did not load, or a version
 not the step's stops the run on every rank with one line (:class:`~memorywalker.samplers.vllm_server.
@@ -26,6 +29,7 @@ SyncError`) — never a step sampled from stale weights. Logged: ``weight_sync_s
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 import time
 from contextlib import ExitStack, nullcontext
@@ -35,11 +39,13 @@ from urllib.parse import urlparse
 import torch
 
 from memorywalker.errors import InputError
-from memorywalker.samplers.vllm_server import ServerFleet, SyncError, start_servers, write_shards
+from memorywalker.samplers.vllm_server import ServerFleet, SyncError, start_servers
+from memorywalker.samplers.weight_sync import write_shards
 from memorywalker.train.adapter import engine_model
 from memorywalker.train.distributed import DistInfo, broadcast_from_main, gather_objects
 from memorywalker.train.fsdp import gathered, is_sharded, main_rank_weights
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROBE = ("The weights in this server must be the trainer's own: this probe's logprobs are compared, token by "
          "token, with a plain forward of the model that was just updated.")
 
@@ -50,7 +56,7 @@ class RolloutServers:
     def __init__(self, cfg, tokenizer, info: DistInfo, run_dir: Path, closing: ExitStack, *, positions: int,
                  stop_ids: list[int], log=print):
         self.cfg, self.info, self.log = cfg, info, log
-        urls, error, self.sync_dir = None, None, None
+        urls, error, self.sync_dir, self.host = None, None, None, None
         if info.is_main:  # rank 0 starts (or finds) the fleet; every rank learns the URLs, or why there are none
             try:
                 if cfg.vllm_servers:
@@ -69,8 +75,12 @@ class RolloutServers:
         self.fleet = ServerFleet(urls, model=cfg.served_name, temperature=cfg.temperature,
                                  max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids, timeout=cfg.deadline)
         self.probe = tokenizer(PROBE, add_special_tokens=False)["input_ids"][:64]
-        local = all(urlparse(u).hostname in ("127.0.0.1", "localhost", "::1") for u in urls)
-        if info.is_main:
+        local = all(urlparse(u).hostname in LOOPBACK for u in urls)
+        if info.is_main and cfg.weight_sync == "broadcast":
+            self.host = cfg.weight_sync_host or ("127.0.0.1" if local else address_toward(urlparse(urls[0]).hostname))
+            log(f"rl: sampling from {len(urls)} vLLM server(s): {', '.join(urls)}; weights broadcast from "
+                f"{self.host} (torch {'NCCL' if torch.cuda.is_available() else 'gloo'})")
+        elif info.is_main:
             if cfg.weight_sync_dir:
                 self.sync_dir = Path(cfg.weight_sync_dir)
             else:
@@ -90,9 +100,12 @@ class RolloutServers:
         error, version = None, f"step-{step}"
         if self.info.is_main:
             try:
-                n = write_shards(weights, self.sync_dir)
-                del weights
-                self.fleet.sync_weights(self.sync_dir, version, expect=n)
+                if self.cfg.weight_sync == "broadcast":
+                    self.fleet.broadcast_weights(weights, version, host=self.host)
+                else:
+                    n = write_shards(weights, self.sync_dir)
+                    del weights
+                    self.fleet.sync_weights(self.sync_dir, version, expect=n)
                 served = self.fleet.served_versions()
                 stale = {u: v for u, v in served.items() if v != version}
                 if stale:
@@ -137,3 +150,10 @@ class RolloutServers:
             raise InputError(f"rl: every vLLM server is down, the run stops: {self.fleet.why_down()}")
 
 
+
+
+def address_toward(host: str) -> str:
+    """This machine's address on the route to ``host`` (what the kernel would send from; no packet sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]

@@ -14,6 +14,13 @@ import urllib.error
 import urllib.request
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (a race with other binders is possible, not likely)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ErrorAnswer(Exception):
     """An HTTP error answer, its body read within the deadline."""
 

@@ -14,17 +14,17 @@ its ``/health`` gone) is **down**: the call fails with :class:`BackendDown` (``b
 so do later calls of the sessions pinned to it; new sessions go to the servers left, and when none is
 left every call fails the same way.
 
-**Weight sync** (:meth:`ServerFleet.sync_weights`), through vLLM's own routes for it (the server's
-development API, ``VLLM_SERVER_DEV_MODE=1``): the trainer writes its weights (Hugging Face names) as
-safetensors shards in a directory every server can read (``/dev/shm`` when the servers are on this
-machine); each server, in turn, is paused (``POST /pause?mode=wait``: calls in flight finish under the
-old weights), told to load the directory (``POST /collective_rpc`` →
-:class:`~memorywalker.samplers.vllm_worker.WeightSyncExtension` on every worker: vLLM's in-place
-``reload_weights``, which fuses and shards as the server's own load does), its prefix cache reset (its
-keys/values are the old weights'), its ``weight_version`` set, and resumed. Each worker must report the
-tensors it read; anything else raises :class:`SyncError`. :meth:`ServerFleet.check_sync` is the proof:
-the prompt logprobs every server returns for a probe equal the trainer's own forward of the new
-weights. The NCCL broadcast route (vLLM's ``/init_weight_transfer_engine`` on GPUs) is not implemented.
+**Weight sync** (:meth:`ServerFleet.sync_weights`, :meth:`ServerFleet.broadcast_weights`), through vLLM's
+own routes for it (the server's development API, ``VLLM_SERVER_DEV_MODE=1``): every live server is paused
+(``POST /pause?mode=wait``: calls in flight finish under the old weights), its workers take the weights
+(``POST /collective_rpc`` → :class:`~memorywalker.samplers.vllm_worker.WeightSyncExtension` on every
+worker of every server at once: vLLM's in-place ``reload_weights``, which fuses and shards as the
+server's own load does) either from safetensors shards in a directory every server reads or by a
+broadcast from the trainer (:mod:`~memorywalker.samplers.weight_sync`), its prefix cache is reset (its
+keys/values are the old weights'), its ``weight_version`` set, and it resumes. Each worker must report
+the tensors it took; anything else raises :class:`SyncError`. :meth:`ServerFleet.check_sync` is the
+proof: the prompt logprobs every server returns for a probe equal the trainer's own forward of the new
+weights.
 
 :func:`start_servers` starts the fleet itself (``vllm_serve_args``: the user's own vLLM arguments,
 tensor and data parallelism included) with the flags above, and stops it when the run ends.
@@ -37,7 +37,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -51,7 +50,7 @@ from typing import Any
 
 from memorywalker.records.schema import Task
 from memorywalker.samplers.base import PolicyOutput, PolicyRequest
-from memorywalker.samplers.http import ErrorAnswer, post_within
+from memorywalker.samplers.http import ErrorAnswer, free_port, post_within
 from memorywalker.samplers.openai import EndpointError, OpenAIPolicy
 from memorywalker.samplers.vllm import EXTENSION  # the in-process engine's worker extension: the same route
 
@@ -93,6 +92,7 @@ class ServerFleet:
     servers: list[Server] = field(init=False)
     _pinned: dict[str, Server] = field(init=False, default_factory=dict)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _broadcast: Any = field(init=False, default=None)  # the weight-broadcast group, once formed
 
     name = "vllm-server"
 
@@ -178,6 +178,23 @@ class ServerFleet:
     def sync_weights(self, path: str | Path, version: str, *, expect: int | None = None) -> float:
         """Every live server loads the safetensors file or shard directory ``path`` and serves it as
         ``version``; seconds taken. ``expect``: the tensors each worker must report reading."""
+        return self._sync(version, expect, lambda live: self.rpc(live, "memorywalker_load_weights", lambda s: [str(path)]))
+
+    def broadcast_weights(self, weights: dict, version: str, *, host: str) -> float:
+        """Every live server receives ``weights`` (names → tensors) by a broadcast from this process
+        (:class:`~memorywalker.samplers.weight_sync.WeightBroadcast`, its group formed on the first
+        sync and again whenever the live servers changed; ``host``: this machine's address as the servers
+        reach it) and serves them as ``version``; seconds taken."""
+        from memorywalker.samplers.weight_sync import WeightBroadcast  # lazy: loads torch
+
+        if self._broadcast is None:
+            self._broadcast = WeightBroadcast(host, timeout=self.timeout)
+        return self._sync(version, len(weights), lambda live: self._broadcast.send(self, live, weights))
+
+    def _sync(self, version: str, expect: int | None, load) -> float:
+        """Pause every live server (calls in flight finish under the old weights), ``load(live)`` (url →
+        the collective RPC's answer: each worker's tensor count), reset their prefix caches (the cached
+        keys/values are the old weights'), set ``version``, resume them."""
         t0 = time.perf_counter()
         for s in self.live():
             if not _healthy(s.url):  # died since its last call: the others go on without it
@@ -185,28 +202,62 @@ class ServerFleet:
         live = self.live()
         if not live:
             raise self._none_left()
-        for s in live:
-            try:
-                _post(s.url + "/pause?mode=wait", {}, self.timeout)
+        paused = []
+        try:
+            for s in live:
+                _guarded(s.url, _post, s.url + "/pause?mode=wait", {}, self.timeout)
+                paused.append(s)
+            for url, answer in load(live).items():
+                # the route answers each worker's count as text: one per worker, each the tensors loaded
+                counts = [int(c) if str(c).isdigit() else None for c in (answer or {}).get("results") or []]
+                if not counts or None in counts or (expect is not None and set(counts) != {expect}):
+                    raise SyncError(f"{url}: the workers answered {counts!r} to the weight load "
+                                    f"(expected {expect if expect is not None else 'a tensor count'} each)")
+            for s in live:
+                _guarded(s.url, _post, s.url + "/reset_prefix_cache", None, 60)
+                _guarded(s.url, _post, s.url + "/update_weight_version", {"new_version": version}, 60)
+        finally:
+            for s in paused:
                 try:
-                    answer = _post(s.url + "/collective_rpc", {"method": "memorywalker_load_weights",
-                                                               "args": [str(path)], "timeout": self.timeout},
-                                   self.timeout)
-                    # the route answers each worker's count as text: one per worker, each the tensors written
-                    counts = [int(c) if str(c).isdigit() else None for c in (answer or {}).get("results") or []]
-                    if not counts or None in counts or (expect is not None and set(counts) != {expect}):
-                        raise SyncError(f"{s.url}: the workers answered {counts!r} to the weight load "
-                                        f"(expected {expect if expect is not None else 'a tensor count'} each)")
-                    _post(s.url + "/reset_prefix_cache", None, 60)  # cached keys/values are the old weights'
-                    _post(s.url + "/update_weight_version", {"new_version": version}, 60)
-                finally:
                     _post(s.url + "/resume", {}, 60)
-            except ErrorAnswer as e:
-                raise SyncError(f"{s.url}: weight sync failed: HTTP {e.code}: "
-                                f"{' '.join(e.body.decode('utf-8', 'replace').split())[:300]}") from None
-            except (OSError, http.client.HTTPException) as e:
-                raise SyncError(f"{s.url}: weight sync failed: {_cause(e)}") from None
+                except (ErrorAnswer, OSError, http.client.HTTPException):
+                    pass  # a server that cannot resume fails its next call, and is down from then on
         return time.perf_counter() - t0
+
+    def rpc(self, servers: list[Server], method: str, args_of, *, beside=None) -> dict[str, Any]:
+        """``POST /collective_rpc`` of ``method`` (the worker extension's; ``args_of(server)``: its string
+        arguments) to every server of ``servers`` at once, ``beside()`` running here meanwhile (the
+        broadcast's sending side); url → answer. The first failure raises :class:`SyncError`, without
+        waiting for the rest."""
+        answers: dict[str, Any] = {}
+        failed: list[BaseException] = []
+
+        def call(s: Server) -> None:
+            try:
+                answers[s.url] = _guarded(s.url, _post, s.url + "/collective_rpc",
+                                          {"method": method, "args": args_of(s), "timeout": self.timeout}, self.timeout)
+            except SyncError as e:
+                failed.append(e)
+
+        def here() -> None:
+            try:
+                beside()
+            except Exception as e:  # noqa: BLE001 - reported as the sync's failure, below
+                failed.append(SyncError(f"weight sync failed in the trainer: {_cause(e)}"))
+
+        threads = [threading.Thread(target=call, args=(s,), daemon=True) for s in servers]
+        threads += [threading.Thread(target=here, daemon=True)] if beside is not None else []
+        for t in threads:
+            t.start()
+        while not failed and any(t.is_alive() for t in threads):
+            time.sleep(0.02)
+        if failed:
+            raise failed[0]
+        return answers
+
+    def world_size(self, server: Server) -> int:
+        """How many workers ``server`` runs (tensor × pipeline × data parallel)."""
+        return int(json.loads(_guarded(server.url, _get, server.url + "/get_world_size", 30))["world_size"])
 
     def served_versions(self) -> dict[str, str]:
         """url → the ``weight_version`` each live server reports."""
@@ -245,6 +296,17 @@ class ServerFleet:
         return worst
 
 
+def _guarded(url: str, fn, *args):
+    """``fn(*args)``, a failure raised as :class:`SyncError` naming ``url``."""
+    try:
+        return fn(*args)
+    except ErrorAnswer as e:
+        raise SyncError(f"{url}: weight sync failed: HTTP {e.code}: "
+                        f"{' '.join(e.body.decode('utf-8', 'replace').split())[:300]}") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise SyncError(f"{url}: weight sync failed: {_cause(e)}") from None
+
+
 def _cause(e: BaseException) -> str:
     return " ".join((str(getattr(e, "reason", None) or e) or type(e).__name__).split())[:300]
 
@@ -274,12 +336,6 @@ def _healthy(url: str) -> bool:
 
 # --- starting a fleet ---------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_command(model_dir: str, *, port: int, served_name: str, tokenizer: str | None = None, dtype: str = "float32",
                   max_model_len: int | None = None, args: str = "", python: str | None = None) -> list[str]:
     """The ``vllm serve`` command line of one server of a fleet: :data:`REQUIRED_FLAGS`, then ``args``
@@ -307,7 +363,7 @@ def start_servers(model_dir: str, count: int, *, log_dir: Path, served_name: str
     procs: list[tuple[subprocess.Popen, str, Path]] = []
     try:
         for i in range(count):
-            port, path = _free_port(), log_dir / f"server-{i}.log"
+            port, path = free_port(), log_dir / f"server-{i}.log"
             cmd = serve_command(model_dir, port=port, served_name=served_name, tokenizer=tokenizer, dtype=dtype,
                                 max_model_len=max_model_len, args=args, python=python)
             with open(path, "wb") as out:
@@ -340,31 +396,3 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.wait(10)
     except ProcessLookupError:
         pass
-
-
-def write_shards(state_dict: dict, directory: str | Path, *, shard_mib: float = 1024.0) -> int:
-    """Write ``state_dict`` (names → tensors, moved to the CPU) as ``model-NNNNN.safetensors`` shards of at
-    most ``shard_mib`` MiB each (a tensor larger than that gets a shard of its own) into ``directory``,
-    replacing what was there; returns the tensors written."""
-    from safetensors.torch import save_file  # lazy: loads torch; this module loads at CLI start
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("*.safetensors"):
-        old.unlink()
-    cap, shard, size, n = int(shard_mib * 2**20), {}, 0, 0
-
-    def flush() -> None:
-        nonlocal shard, size, n
-        if shard:
-            save_file(shard, str(directory / f"model-{n:05d}.safetensors"))
-            shard, size, n = {}, 0, n + 1
-
-    for name, t in state_dict.items():
-        t = t.detach().to("cpu").contiguous()
-        nbytes = t.numel() * t.element_size()
-        if shard and size + nbytes > cap:
-            flush()
-        shard[name], size = t, size + nbytes
-    flush()
-    return len(state_dict)

@@ -168,9 +168,12 @@ def caller(tmp_path) -> str:
 
 def test_a_server_killed_mid_step_fails_its_sessions_as_backend_down_and_the_others_finish(kit, served, caller, tmp_path):
     """Two servers, two sessions (one on each). Server 0 is killed after both made a call: its session
-    fails ``backend_down: URL: ...`` at once (not at its deadline), the other finishes on server 1. Then
-    server 1 is killed too: the next sessions fail ``backend_down: every vLLM server is down``."""
-    from transformers import AutoTokenizer
+    fails ``backend_down: URL: ...`` at once (not at its deadline), the other finishes on server 1. A
+    broadcast sync before the kill formed a group with both servers; the one after it forms a new group
+    with server 1 alone, which then serves the new weights (a plain forward's logprobs, 1e-5). Then server
+    1 is killed too: the next sessions fail ``backend_down: every vLLM server is down``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memorywalker.gateway.backends import FleetBackend
     from memorywalker.gateway.core import Gateway
@@ -179,7 +182,9 @@ def test_a_server_killed_mid_step_fails_its_sessions_as_backend_down_and_the_oth
     from memorywalker.gateway.tasks import HarnessTask
     from memorywalker.render import Renderer
     from memorywalker.samplers.vllm_server import _healthy
+    from memorywalker.train.fsdp import main_rank_weights
 
+    model = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32)
     renderer = Renderer(AutoTokenizer.from_pretrained(kit[0]))
     task = HarnessTask(id="t", prompt="Say something.", verifier="true")
     with start_servers(str(served), 2, log_dir=tmp_path / "logs", served_name="kit", tokenizer=str(kit[0]),
@@ -188,6 +193,9 @@ def test_a_server_killed_mid_step_fails_its_sessions_as_backend_down_and_the_oth
         gateway = Gateway(renderer, FleetBackend(fleet), tmp_path / "out", model_name="kit", max_positions=4096,
                           max_new_tokens=8)
         procs = {u: _pid_listening(u) for u in urls}
+        fleet.broadcast_weights(main_rank_weights(model, is_main=True), "step-1", host="127.0.0.1")
+        first_group = fleet._broadcast.group
+        assert fleet._broadcast.members == urls
         jobs = [SessionJob(task, j, f"s0-t0-{j}") for j in range(2)]
         results: list = []
         with BackgroundServer(gateway) as url:
@@ -205,6 +213,16 @@ def test_a_server_killed_mid_step_fails_its_sessions_as_backend_down_and_the_oth
             down = next(r for r in results if r.failed)
             assert down.seconds < 120  # stopped when its server went, not at its 300 s deadline
             assert fleet.servers[1].down is None and _healthy(urls[1])
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.02)
+            fleet.broadcast_weights(main_rank_weights(model, is_main=True), "step-2", host="127.0.0.1")
+            assert fleet._broadcast.members == urls[1:] and fleet._broadcast.group is not first_group
+            assert fleet.served_versions() == {urls[1]: "step-2"}
+            prompt = list(range(5, 45))
+            with torch.no_grad():
+                lp = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0], dim=-1)
+            assert fleet.check_sync(prompt, [lp[i - 1, t].item() for i, t in enumerate(prompt) if i > 0], tol=1e-5) <= 1e-5
             os.kill(procs[urls[1]], 9)
             later = run_sessions(gateway, url, [SessionJob(task, j, f"s1-t0-{j}") for j in range(2)], caller,
                                  model="kit", concurrency=2, deadline_s=300, workroot=tmp_path / "w2")

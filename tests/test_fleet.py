@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +156,26 @@ def test_shards_hold_every_tensor_once_within_the_size_cap(tmp_path):
     assert [sorted(load_file(p)) for p in shards] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
     write_shards({"only": torch.zeros(3)}, tmp_path)
     assert [sorted(load_file(p)) for p in sorted(tmp_path.glob("*.safetensors"))] == [["only"]]
+
+
+def test_a_tied_lm_head_is_written_under_both_names():
+    """A model whose LM head is its embedding (SmolLM2, Qwen2.5-0.5B): both names are written (safetensors
+    refuses two names for one storage), each with the embedding's values; the model's own tensor is not
+    touched."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    sd = model.state_dict()
+    assert sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+    with tempfile.TemporaryDirectory() as d:
+        assert write_shards(sd, d) == len(sd)
+        (shard,) = Path(d).glob("*.safetensors")
+        back = load_file(shard)
+    assert torch.equal(back["lm_head.weight"], back["model.embed_tokens.weight"])
+    assert torch.equal(back["lm_head.weight"], model.model.embed_tokens.weight)
 
 
 def test_the_serve_command_carries_the_flags_the_fleet_needs_then_the_users():

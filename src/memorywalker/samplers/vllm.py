@@ -257,13 +257,15 @@ class VLLMPolicy:
         took. Every worker must report loaded parameters, else :class:`EngineError`."""
         from safetensors.torch import save_file  # lazy: loads torch; this module loads at CLI start
 
+        from memorywalker.samplers.weight_sync import cpu_tensors
+
         self._alive()
         t0 = time.perf_counter()
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="memorywalker-weights-", suffix=".safetensors", dir=shm)
         os.close(fd)
         try:
-            save_file({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}, path)
+            save_file(cpu_tensors(state_dict), path)
             try:
                 loaded = self.llm.collective_rpc("memorywalker_load_weights", args=(path,))
             except PROGRAMMING_ERRORS:

@@ -72,10 +72,26 @@ class WeightBroadcast:
         self.group, self.members = made["group"], [s.url for s in servers]
 
 
+def cpu_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
+    """``state_dict``'s tensors on the CPU, contiguous, none sharing memory with another: a tied LM head
+    (``lm_head.weight`` is ``model.embed_tokens.weight`` in SmolLM2, Qwen2.5-0.5B, Qwen3-0.6B) gets a copy
+    of its own, which safetensors needs to write both names (the server ties them again on load)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in state_dict.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[name] = t
+    return out
+
+
 def write_shards(state_dict: dict, directory: str | Path, *, shard_mib: float = 1024.0) -> int:
-    """Write ``state_dict`` (names → tensors, moved to the CPU) as ``model-NNNNN.safetensors`` shards of at
-    most ``shard_mib`` MiB each (a tensor larger than that gets a shard of its own) into ``directory``,
-    replacing what was there; returns the tensors written."""
+    """Write ``state_dict`` (names → tensors, as :func:`cpu_tensors` gives them) as ``model-NNNNN.safetensors``
+    shards of at most ``shard_mib`` MiB each (a tensor larger than that gets a shard of its own) into
+    ``directory``, replacing what was there; returns the tensors written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for old in directory.glob("*.safetensors"):
@@ -88,8 +104,7 @@ def write_shards(state_dict: dict, directory: str | Path, *, shard_mib: float = 
             save_file(shard, str(directory / f"model-{n:05d}.safetensors"))
             shard, size, n = {}, 0, n + 1
 
-    for name, t in state_dict.items():
-        t = t.detach().to("cpu").contiguous()
+    for name, t in cpu_tensors(state_dict).items():
         nbytes = t.numel() * t.element_size()
         if shard and size + nbytes > cap:
             flush()

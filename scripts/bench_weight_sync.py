@@ -12,7 +12,8 @@ each sync carries new weights) and syncs it twice, once each way, in alternating
 **broadcast** = :meth:`~memorywalker.samplers.vllm_server.ServerFleet.broadcast_weights` (its group
 formed at the first sync: that one's seconds are reported apart). Each sync's seconds run from the
 weights in memory to the server resumed with them; each is then proven as the recipe does (the server's
-prompt logprobs of a probe against a plain forward of the weights, max |Δ| reported). Default threads.
+prompt logprobs of a probe against a plain forward of the weights, max |Δ| reported, beside the same
+gap for the server's own load of the checkpoint before any sync: the two engines' floor). Default threads.
 Writes ``table.md`` and ``results.json`` under ``--out``.
 """
 
@@ -61,6 +62,7 @@ def main() -> int:
                        max_model_len=2048, args=args.server_args) as urls, \
             tempfile.TemporaryDirectory(prefix="bench-weight-sync-", dir="/dev/shm") as shm:
         fleet = ServerFleet(urls, model="policy")
+        floor = fleet.check_sync(probe, plain(), tol=float("inf"))  # the server's own load of the same weights
         for r in range(args.repeats):
             for way in (("shards", "broadcast") if r % 2 == 0 else ("broadcast", "shards")):
                 torch.manual_seed(1000 * r + len(way))
@@ -86,13 +88,15 @@ def main() -> int:
     ratio = rows[0]["median_s"] / rows[1]["median_s"] if len(rows) == 2 else None
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     result = {"model": args.model, "tensors": len(weights), "mib": mib, "rows": rows, "shards_over_broadcast": ratio,
-              "first_broadcast_s": first_broadcast, "probe_max_abs_diff": worst, "machine": machine}
+              "first_broadcast_s": first_broadcast, "probe_max_abs_diff": worst,
+              "probe_max_abs_diff_before_any_sync": floor, "machine": machine}
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     table = ["| way | syncs | median s | min / max s | MiB/s |", "|---|---|---|---|---|"]
     table += [f"| {r['way']} | {r['syncs']} | {r['median_s']:.2f} | {r['min_s']:.2f} / {r['max_s']:.2f} | "
               f"{r['mib_per_s']:.0f} |" for r in rows]
     table += ["", f"{len(weights)} tensors, {mib:.0f} MiB (float32); the broadcast's first sync, forming its group: "
-              f"{first_broadcast:.2f} s; shards / broadcast median: {ratio:.2f}x; probe max |Δ logp| {worst:.2g}"]
+              f"{first_broadcast:.2f} s; shards / broadcast median: {ratio:.2f}x; probe max |Δ logp| after the syncs "
+              f"{worst:.2g}, before any (the server's own load of the checkpoint) {floor:.2g}"]
     (args.out / "table.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     return 0

@@ -217,7 +217,7 @@ class Gateway:
                 self.backend_failures.setdefault(session.tag or session.id, " ".join(str(e).split())[:300])
             raise
         sampling = time.monotonic() - sampling
-        reply, response = self._reply(request, out, len(ids))
+        reply, response = self._reply(request, out, len(ids), text)
         base = message_id(response)  # numbered past its repeats in the context, as assign_ids numbers them
         response.id = message_id(response, sum(1 for m in request.messages if m.id.split("-")[0] == base))
         record = {
@@ -273,14 +273,16 @@ class Gateway:
                                "response_tokens": tok(response, add_special_tokens=False)["input_ids"],
                                "rollout_logprobs": None, "redacted": True}
 
-    def _reply(self, request: Request, out, prompt_len: int) -> tuple[Reply, Message]:
-        """The client's reply and the recorded response message, both from the sampled ids."""
+    def _reply(self, request: Request, out, prompt_len: int, prompt: str) -> tuple[Reply, Message]:
+        """The client's reply and the recorded response message, both from the sampled ids (``prompt``: the
+        rendered context they follow)."""
         ids = list(out.token_ids)
         body = ids[:-1] if ids and ids[-1] in self.renderer.eot_ids and out.finish_reason != "length" else ids
-        text = self.renderer.tok.decode(body, skip_special_tokens=False)
+        text = self.renderer.decode(body)
         prefix = "toolu_" if request.dialect == "anthropic" else "call_"
         calls, content, reasoning, error = ([], text, None, None) if out.finish_reason == "length" else exact_parse(
-            self.renderer, self.tool_parser, request.messages, schemas_to_hf(request.tools), text, lambda: new_id(prefix))
+            self.renderer, self.tool_parser, request.messages, schemas_to_hf(request.tools), text, lambda: new_id(prefix),
+            prompt)
         if calls:
             finish = "tool_calls"
             unknown = sorted({c.name for c in calls} - {t.name for t in request.tools})

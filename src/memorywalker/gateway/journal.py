@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -38,7 +40,7 @@ class Journal:
         self._lock = threading.Lock()
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        line = encode_line(record)
         with self._lock:
             self._f.write(line)
             self._f.flush()
@@ -47,6 +49,27 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._f.close()
+
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    """``record`` as one JSON line. The context's token ids (a long prompt's whole cost: 1.4 ms of the
+    standard library's 2.1 ms at 27K ids) are written by orjson, exact for a list of integers; everything
+    else by ``json``, which writes every value as given (orjson would turn a NaN a model put in a tool call's
+    arguments into null). ``context_tokens`` comes last in the line, which no reader depends on.
+
+    >>> encode_line({"kind": "call", "context_tokens": [1, 2], "x": float("nan")})
+    b'{"kind":"call","x":NaN,"context_tokens":[1,2]}\\n'
+    """
+    ids = record.get("context_tokens")
+    if not isinstance(ids, list):
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    try:
+        tail = orjson.dumps(ids)
+    except TypeError:  # not plain integers (none the gateway makes): the standard library says what it is
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    rest = json.dumps({k: v for k, v in record.items() if k != "context_tokens"}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+    return rest[:-1] + (b"," if len(rest) > 2 else b"") + b'"context_tokens":' + tail + b"}\n"
 
 
 def read_journal(path: Path) -> tuple[list[dict[str, Any]], list[str]]:

@@ -210,11 +210,11 @@ class Renderer:
         this is the text the model sampled."""
         return self.response_texts(messages, tools)(response)
 
-    def response_texts(self, messages: list[Message], tools: list[dict[str, Any]] | None):
+    def response_texts(self, messages: list[Message], tools: list[dict[str, Any]] | None, prompt: str | None = None):
         """:meth:`response_text` for many candidate responses after one context: the context is converted
-        and its prompt rendered once."""
+        and its prompt rendered once (``prompt``: that rendering, when the caller has it already)."""
         hf = [message_to_hf(m) for m in messages]
-        prompt = self._apply(hf, tools, generation_prompt=True)
+        prompt = self._apply(hf, tools, generation_prompt=True) if prompt is None else prompt
 
         def text_of(response: Message) -> str | None:
             full = self._apply([*hf, message_to_hf(response)], tools, generation_prompt=False)

@@ -345,17 +345,17 @@ def reasoning_splits(text: str) -> list[tuple[str, str]]:
 
 
 def exact_parse(renderer, fmt: str, messages: list[Message], tools: list[dict[str, Any]] | None, text: str,
-                new_id: Callable[[], str]) -> tuple[list[ToolCall], str, str | None, str | None]:
+                new_id: Callable[[], str], prompt: str | None = None) -> tuple[list[ToolCall], str, str | None, str | None]:
     """(tool calls, content, reasoning, error) of a sampled ``text`` after ``messages``: the first reading —
     a leading ``<think>`` block as reasoning (:func:`reasoning_splits`), then a candidate of format ``fmt``
     for the rest (with its own reasoning where the format marks one: harmony) — whose message ``renderer``
     re-renders to ``text`` exactly; else no calls, the text, no reasoning, and why (None when the response
-    holds no tool call)."""
+    holds no tool call). ``prompt``: the context rendered with the generation prompt, if the caller has it."""
     rendered: Callable[[Message], str | None] | None = None  # the context's prompt, rendered once when needed
 
     def exact(content: str, reasoning: str | None, calls: list[ToolCall]) -> bool:
         nonlocal rendered
-        rendered = rendered or renderer.response_texts(messages, tools)
+        rendered = rendered or renderer.response_texts(messages, tools, prompt)
         return rendered(Message(id="", role="assistant", content=content, reasoning=reasoning, tool_calls=calls)) == text
 
     for reasoning, rest in [*reasoning_splits(text), (None, text)]:

@@ -220,15 +220,15 @@ class ServerFleet:
             for s in paused:
                 try:
                     _post(s.url + "/resume", {}, 60)
-                except (ErrorAnswer, OSError, http.client.HTTPException):
-                    pass  # a server that cannot resume fails its next call, and is down from then on
+                except (ErrorAnswer, OSError, http.client.HTTPException) as e:  # paused for good: out of the fleet
+                    self.mark_down(s.url, f"it did not resume after the weight sync: {_cause(e)}")
         return time.perf_counter() - t0
 
     def rpc(self, servers: list[Server], method: str, args_of, *, beside=None) -> dict[str, Any]:
         """``POST /collective_rpc`` of ``method`` (the worker extension's; ``args_of(server)``: its string
         arguments) to every server of ``servers`` at once, ``beside()`` running here meanwhile (the
-        broadcast's sending side); url → answer. The first failure raises :class:`SyncError`, without
-        waiting for the rest."""
+        broadcast's sending side); url → answer. The first failure raises, without waiting for the rest:
+        a server's, or a ``torch.distributed`` error here, as :class:`SyncError`; anything else as itself."""
         answers: dict[str, Any] = {}
         failed: list[BaseException] = []
 
@@ -242,8 +242,8 @@ class ServerFleet:
         def here() -> None:
             try:
                 beside()
-            except Exception as e:  # noqa: BLE001 - reported as the sync's failure, below
-                failed.append(SyncError(f"weight sync failed in the trainer: {_cause(e)}"))
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread, below
+                failed.append(e)
 
         threads = [threading.Thread(target=call, args=(s,), daemon=True) for s in servers]
         threads += [threading.Thread(target=here, daemon=True)] if beside is not None else []
@@ -252,7 +252,10 @@ class ServerFleet:
         while not failed and any(t.is_alive() for t in threads):
             time.sleep(0.02)
         if failed:
-            raise failed[0]
+            e = failed[0]
+            if isinstance(e, (RuntimeError, OSError)) and not isinstance(e, SyncError):  # torch.distributed's
+                raise SyncError(f"weight sync failed in the trainer: {_cause(e)}") from e
+            raise e
         return answers
 
     def world_size(self, server: Server) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import threading
 import time
@@ -96,6 +97,7 @@ def main() -> None:
     rows = {}
     for concurrency in (1, 8):
         out = args.out / f"c{concurrency}"
+        shutil.rmtree(out, ignore_errors=True)  # a former run's journals would be read as this one's
         gw = build_gateway(model, backend, out, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                            upstream_model=args.upstream_model)
         trips: list[tuple[str, int, float]] = []

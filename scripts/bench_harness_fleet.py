@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ def cell(backend, renderer, args, harness: str, concurrency: int, out: Path, pos
 
     task = HarnessTask(id="bench", prompt="Read notes.txt and write the number in it to answer.txt.",
                        files={"notes.txt": "The number is 7.\n"}, verifier="[ -f answer.txt ] && grep -qx 7 answer.txt")
+    shutil.rmtree(out, ignore_errors=True)  # a former run's journals and trajectories would be read as this one's
     gateway = Gateway(renderer, backend, out, model_name="bench", max_positions=positions,
                       max_new_tokens=args.max_new_tokens, harness=harness)
     jobs = [SessionJob(task, j, f"b{concurrency}-{j}") for j in range(args.sessions)]

@@ -48,7 +48,11 @@ class WeightBroadcast:
             for t in weights.values():
                 self.group.broadcast(t.detach().to(device).contiguous(), 0).wait()
 
-        return fleet.rpc(servers, "memorywalker_receive_broadcast", lambda s: [metas], beside=broadcast)
+        try:
+            return fleet.rpc(servers, "memorywalker_receive_broadcast", lambda s: [metas], beside=broadcast)
+        except BaseException:
+            self.group, self.members = None, []  # a broadcast cut midway leaves the group unusable: form it anew
+            raise
 
     def _form(self, fleet, servers: list) -> None:
         """A new group: rank 0 here, then each server's workers from its offset (its world size, tensor ×

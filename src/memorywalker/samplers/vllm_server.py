@@ -236,7 +236,9 @@ class ServerFleet:
             try:
                 answers[s.url] = _guarded(s.url, _post, s.url + "/collective_rpc",
                                           {"method": method, "args": args_of(s), "timeout": self.timeout}, self.timeout)
-            except SyncError as e:
+            except ValueError as e:  # an answer that is not JSON (JSONDecodeError): the server's fault
+                failed.append(SyncError(f"{s.url}: weight sync failed: {_cause(e)}"))
+            except BaseException as e:  # noqa: BLE001 - SyncError as it is; anything else raised as itself, below
                 failed.append(e)
 
         def here() -> None:
@@ -256,6 +258,9 @@ class ServerFleet:
             if isinstance(e, (RuntimeError, OSError)) and not isinstance(e, SyncError):  # torch.distributed's
                 raise SyncError(f"weight sync failed in the trainer: {_cause(e)}") from e
             raise e
+        missing = [s.url for s in servers if s.url not in answers]
+        if missing:  # never a sync that counts a server it did not hear from
+            raise SyncError(f"{missing[0]}: no answer to the weight load")
         return answers
 
     def world_size(self, server: Server) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -41,7 +42,8 @@ def main() -> None:
     (args.out / "script.yaml").write_text(bg.SCRIPT)
     corpus = "\n\n".join(bundled_corpus()) + "\n\n"
     system = (corpus * (60000 // len(corpus) + 1))[:60000]
-    gw = build_gateway(str(kit / "model"), f"scripted:{args.out / 'script.yaml'}", args.out / f"journal-{time.time_ns()}",
+    shutil.rmtree(args.out / "journal", ignore_errors=True)  # a former run's sessions would be continued
+    gw = build_gateway(str(kit / "model"), f"scripted:{args.out / 'script.yaml'}", args.out / "journal",
                        tokenizer=str(kit / "tok"), max_new_tokens=512)
     parts: dict[str, list[float]] = {}
     prompts: list[int] = []
